@@ -1,0 +1,26 @@
+"""Commit policies, chosen by name from YAML (`mamba_state_commit`)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from policies.base import CommitPolicy
+from policies.reconstruct import Reconstruct
+from policies.replay import Replay
+from policies.store_all import StoreAll
+from policies.tree import DraftTree
+
+if TYPE_CHECKING:
+    from sim.config import ModelConfig, PolicyConfig
+
+POLICIES: dict[str, type[CommitPolicy]] = {"store_all": StoreAll, "reconstruct": Reconstruct, "replay": Replay}
+
+
+def make_policy(model: "ModelConfig", cfg: "PolicyConfig") -> CommitPolicy:
+    try:
+        cls = POLICIES[cfg.mamba_state_commit]
+    except KeyError:
+        raise ValueError(f"unknown mamba_state_commit {cfg.mamba_state_commit!r}; valid: {', '.join(POLICIES)}") from None
+    return cls(model, cfg)
+
+
+__all__ = ["POLICIES", "CommitPolicy", "DraftTree", "make_policy"]

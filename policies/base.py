@@ -1,0 +1,72 @@
+"""The interface every commit policy implements: memory and cost accounting, no torch."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from policies.tree import DraftTree
+
+if TYPE_CHECKING:
+    from sim.config import ModelConfig, PolicyConfig
+
+
+class CommitPolicy:
+    """How a GDN state-commit policy spends memory and which kernels it runs.
+
+    Byte counts without a `_per_gpu` suffix are model-wide (all tensor-parallel
+    ranks together), matching DESIGN.md section 3's table.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, model: "ModelConfig", cfg: "PolicyConfig") -> None:
+        self.model = model
+        self.cfg = cfg
+        self.tree = DraftTree(tuple(cfg.draft_tree_widths))
+
+    # -- speculative shape
+    @property
+    def num_draft_nodes(self) -> int:
+        return self.tree.num_nodes
+
+    @property
+    def verify_positions(self) -> int:
+        return self.tree.verify_positions
+
+    # -- persistent GDN state
+    def spec_blocks_per_group(self) -> int:
+        """vLLM's num_speculative_blocks: extra state blocks per GDN group at admission."""
+        return 0
+
+    def state_blocks_per_layer(self) -> int:
+        return 1 + self.spec_blocks_per_group()
+
+    def spec_state_bytes_per_seq(self) -> int:
+        """All full GDN states the policy keeps per running sequence (all GDN layers)."""
+        return self.state_blocks_per_layer() * self.model.gdn_layers * self.model.gdn_state_bytes_per_layer
+
+    def cache_bytes_per_seq_per_gpu(self) -> int:
+        """Persistent bytes outside state pages (replay's input cache); 0 by default."""
+        return 0
+
+    # -- per-step work
+    def transient_bytes_per_step_per_seq(self) -> int:
+        """Scratch a verify step needs per sequence beyond the persistent pages (all layers)."""
+        return 0
+
+    def replay_tokens(self, steps_since_flush: int, accepted_since_flush: int) -> int:
+        """Cached tokens the verify pass replays before the tree (replay only)."""
+        return 0
+
+    def flushes(self, steps_since_flush: int) -> bool:
+        """Whether commit at this step writes the state back (replay flushes every m steps)."""
+        return True
+
+    def forces_eager(self) -> bool:
+        """A real tree (any width > 1) broke CUDA-graph capture in the reference."""
+        return not self.tree.is_chain
+
+    @property
+    def kernel(self) -> str:
+        """Name of this policy's verify/commit entries in the calibration tables."""
+        return self.name
+

@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+from policies.base import CommitPolicy
+
+
+class Reconstruct(CommitPolicy):
+    """TreeWY: one committed state; transient pseudo-values; commit rebuilds in place."""
+
+    name = "reconstruct"
+
+    def transient_bytes_per_step_per_seq(self) -> int:
+        g = self.model.gdn
+        # float32 pseudo-values u: [N+1, d_v] per v-head per GDN layer.
+        return self.model.gdn_layers * g.num_v_heads * self.verify_positions * g.head_v_dim * 4
+
+    def forces_eager(self) -> bool:
+        return not self.tree.is_chain and not self.cfg.graph_capturable_tree

@@ -1,0 +1,290 @@
+"""Validated configuration objects, loaded by name from `configs/`.
+
+Every default lives here, once. A bad field raises `ConfigError` naming the file, the
+field path and what is allowed (pydantic's message lists the allowed literals).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+REPO_ROOT = CONFIG_DIR.parent
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+PolicyName = Literal["store_all", "reconstruct", "replay"]
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased for the user (file, field path, allowed values)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ----------------------------------------------------------------------------- model
+class GDNConfig(_Strict):
+    num_k_heads: int = Field(gt=0)  # q/k heads
+    num_v_heads: int = Field(gt=0)
+    head_k_dim: int = Field(gt=0)
+    head_v_dim: int = Field(gt=0)
+    conv_kernel: int = Field(4, gt=0)
+
+    @model_validator(mode="after")
+    def _grouped(self) -> "GDNConfig":
+        if self.num_v_heads % self.num_k_heads:
+            raise ValueError(f"num_v_heads ({self.num_v_heads}) must be a multiple of num_k_heads ({self.num_k_heads})")
+        return self
+
+
+class AttentionConfig(_Strict):
+    num_q_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    gated: bool = True
+
+
+class MoEConfig(_Strict):
+    num_experts: int = Field(gt=0)
+    top_k: int = Field(gt=0)
+    shared_experts: int = Field(1, ge=0)
+    expert_width: int = Field(gt=0)  # intermediate size of one expert
+
+
+class ModelConfig(_Strict):
+    name: str
+    hidden_size: int = Field(gt=0)
+    # One period of the layer pattern, repeated num_layers / len(pattern) times.
+    layer_pattern: list[Literal["gdn", "attn"]]
+    num_layers: int = Field(gt=0)
+    gdn: GDNConfig
+    attention: AttentionConfig
+    moe: MoEConfig
+    vocab_size: int = Field(gt=0)
+    total_params: float = Field(gt=0)  # parameters incl. embeddings, MTP layer
+    active_params: float = Field(gt=0)
+    tensor_parallel: int = Field(1, gt=0)
+    mtp_depth: int = Field(3, ge=0)  # K: drafter passes per step (depth of the draft chain)
+    max_model_len: int = Field(262144, gt=0)
+    weight_dtype_bytes: int = Field(2, gt=0)
+    kv_dtype_bytes: int = Field(2, gt=0)
+    state_dtype_bytes: int = Field(2, gt=0)  # the study used bf16 states; vLLM may use fp32
+    conv_dtype_bytes: int = Field(2, gt=0)
+
+    @model_validator(mode="after")
+    def _pattern(self) -> "ModelConfig":
+        if self.num_layers % len(self.layer_pattern):
+            raise ValueError(f"num_layers ({self.num_layers}) is not a multiple of the layer_pattern length ({len(self.layer_pattern)})")
+        return self
+
+    # Derived quantities, model-wide (all TP ranks together) unless named _per_gpu.
+    @property
+    def gdn_layers(self) -> int:
+        return self.num_layers // len(self.layer_pattern) * self.layer_pattern.count("gdn")
+
+    @property
+    def attn_layers(self) -> int:
+        return self.num_layers - self.gdn_layers
+
+    @property
+    def gdn_state_bytes_per_layer(self) -> int:
+        g = self.gdn
+        return g.num_v_heads * g.head_v_dim * g.head_k_dim * self.state_dtype_bytes
+
+    def conv_state_bytes_per_layer(self) -> int:
+        """Conv rolling window: kernel - 1 past inputs plus K lookahead slots (vLLM)."""
+        g = self.gdn
+        channels = 2 * g.num_k_heads * g.head_k_dim + g.num_v_heads * g.head_v_dim
+        return channels * (g.conv_kernel - 1 + self.mtp_depth) * self.conv_dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        a = self.attention
+        return self.attn_layers * 2 * a.num_kv_heads * a.head_dim * self.kv_dtype_bytes
+
+    # Per-GPU shards under tensor parallelism (vLLM replicates KV heads when TP > heads).
+    @property
+    def kv_heads_per_gpu(self) -> int:
+        return max(1, self.attention.num_kv_heads // self.tensor_parallel)
+
+    def gdn_page_bytes_per_gpu(self, spec_tokens: int) -> int:
+        """One GDN layer's page for one sequence on one GPU: SSM state + conv state."""
+        g = self.gdn
+        tp = self.tensor_parallel
+        ssm = g.num_v_heads // tp * g.head_v_dim * g.head_k_dim * self.state_dtype_bytes
+        channels = (2 * g.num_k_heads * g.head_k_dim + g.num_v_heads * g.head_v_dim) // tp
+        conv = channels * (g.conv_kernel - 1 + spec_tokens) * self.conv_dtype_bytes
+        return ssm + conv
+
+    @property
+    def attn_page_bytes_per_token_per_gpu(self) -> int:
+        a = self.attention
+        return 2 * self.kv_heads_per_gpu * a.head_dim * self.kv_dtype_bytes
+
+    @property
+    def weight_bytes_per_gpu(self) -> int:
+        return math.ceil(self.total_params * self.weight_dtype_bytes / self.tensor_parallel)
+
+
+# -------------------------------------------------------------------------- hardware
+class HardwareConfig(_Strict):
+    name: str
+    gpu_name: str
+    memory_mib: int = Field(gt=0)  # total device memory as the device reports it
+    hbm_bandwidth_gbs: float = Field(gt=0)  # achievable copy bandwidth (read + write), GB/s
+    bf16_tflops: float = Field(gt=0)  # achievable dense bf16 matrix rate
+    calibration_dir: str | None = None  # relative to the repo root
+    derived: bool = False  # true: numbers scaled from another GPU, not measured on this one
+    derived_from: str | None = None
+    scaling: dict[str, float] = Field(default_factory=dict)  # factor per latency term kind
+    scaling_notes: str | None = None
+    max_num_batched_tokens: int = Field(gt=0)  # vLLM default for this GPU size
+    max_num_seqs: int = Field(gt=0)
+    non_torch_memory_mib: float = Field(ge=0)
+    cudagraph_memory_mib: float = Field(ge=0)
+    nvlink_bandwidth_gbs: float = Field(gt=0)  # per-GPU unidirectional NVLink bandwidth
+    nvlink_latency_us: float = Field(ge=0)  # per all-reduce hop latency
+    sources: dict[str, str] = Field(default_factory=dict)  # where each stated figure comes from
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.memory_mib * MiB
+
+    @model_validator(mode="after")
+    def _derived_has_source(self) -> "HardwareConfig":
+        if self.derived and not (self.derived_from and self.scaling_notes):
+            raise ValueError("a derived hardware profile must name derived_from and scaling_notes")
+        return self
+
+
+# ---------------------------------------------------------------------------- policy
+class PolicyConfig(_Strict):
+    name: str
+    mamba_state_commit: PolicyName
+    draft_tree_widths: list[int] = Field(default_factory=lambda: [1, 1, 1])
+    flush_interval: int = Field(4, gt=0)  # replay: steps between flushes
+    # Our reconstruct kernels replay inside a CUDA graph with a fixed maximum tree;
+    # false reproduces the reference implementation, where any tree ran piecewise.
+    graph_capturable_tree: bool = False
+
+    @field_validator("draft_tree_widths")
+    @classmethod
+    def _widths(cls, v: list[int]) -> list[int]:
+        if not v or any(w < 1 for w in v):
+            raise ValueError("draft_tree_widths must be a non-empty list of positive ints, e.g. [1, 1, 1]")
+        return v
+
+
+# ---------------------------------------------------------------------------- engine
+class EngineConfig(_Strict):
+    gmu: float = Field(0.9)
+    max_num_batched_tokens: int | None = Field(None, gt=0)  # None: the hardware's default
+    max_num_seqs: int | None = Field(None, gt=0)
+    admission: Literal["full_prompt", "first_chunk"] = "full_prompt"  # vLLM 0.33 / older
+    allocator: Literal["paged", "ideal"] = "paged"
+    step_overhead_us: float | None = Field(None, ge=0)  # None: calibrated or the analytic default
+    activation_peak_mib: float | None = Field(None, ge=0)  # None: calibrated or analytic
+
+    @field_validator("gmu")
+    @classmethod
+    def _gmu(cls, v: float) -> float:
+        if not (0.0 < v <= 1.0):
+            raise ValueError(f"gmu must be in (0, 1], got {v}")
+        return v
+
+
+class ClientConfig(_Strict):
+    max_concurrency: int | None = Field(None, gt=0)  # closed loop when set
+    request_rate: float | None = Field(None, gt=0)  # requests/s; None with no trace: all at t=0
+    burstiness: float = Field(1.0, gt=0)  # Gamma shape; 1 = Poisson
+    use_trace_arrivals: bool = False  # replay the workload's own timestamps
+    time_scale: float = Field(1.0, gt=0)  # trace replay: multiply gaps by this
+
+
+class RunConfig(_Strict):
+    model: str = "qwen3.5-35b-a3b"
+    hardware: str = "h200"
+    policy: str = "store_all"
+    workload: str = "synthetic-fixed"
+    workload_overrides: dict[str, Any] = Field(default_factory=dict)
+    policy_overrides: dict[str, Any] = Field(default_factory=dict)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    client: ClientConfig = Field(default_factory=ClientConfig)
+    num_requests: int = Field(1000, gt=0)
+    seed: int = 0
+    trace_steps: bool = False  # write the per-step trace
+
+
+# --------------------------------------------------------------------------- loading
+def _names(kind: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIG_DIR / kind).glob("*.yaml"))
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def format_validation_error(source: str, err: ValidationError) -> str:
+    lines = [f"{source}: invalid configuration"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        lines.append(f"  {loc}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def validate(cls: type[BaseModel], data: dict[str, Any], source: str) -> Any:
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(source, e)) from None
+
+
+def _resolve(kind: str, name_or_path: str) -> Path:
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") and p.exists():
+        return p
+    path = CONFIG_DIR / kind / f"{name_or_path}.yaml"
+    if not path.exists():
+        raise ConfigError(f"unknown {kind[:-1]} {name_or_path!r}; valid: {', '.join(_names(kind))} (or a path to a .yaml file)")
+    return path
+
+
+def load_model(name: str) -> ModelConfig:
+    path = _resolve("models", name)
+    return validate(ModelConfig, read_yaml(path), str(path))
+
+
+def load_hardware(name: str) -> HardwareConfig:
+    path = _resolve("hardware", name)
+    return validate(HardwareConfig, read_yaml(path), str(path))
+
+
+def load_policy(name: str, overrides: dict[str, Any] | None = None) -> PolicyConfig:
+    path = _resolve("policies", name)
+    data = {**read_yaml(path), **(overrides or {})}
+    return validate(PolicyConfig, data, str(path) + (f" with overrides {overrides}" if overrides else ""))
+
+
+def model_names() -> list[str]:
+    return _names("models")
+
+
+def policy_names() -> list[str]:
+    return _names("policies")
+
+
+def hardware_names() -> list[str]:
+    return _names("hardware")

@@ -1,0 +1,78 @@
+"""The step-latency interface shared by the engine and the calibrator.
+
+A step is: the MTP drafter (one pass over all scheduled target tokens, then K - 1
+one-token passes per speculating request), one target forward over all scheduled
+tokens, then the state commit. A `LatencyModel` prices a `StepBatch` term by term so
+the summary can say where each term came from (`calibrated`, `analytic`, `derived`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+# Term names, in the order they are summed. Every LatencyModel returns all of them.
+TERMS: tuple[str, ...] = (
+    "drafter",      # MTP layer passes + its LM head
+    "gdn",          # GDN layers: projections, short conv, norm, output projection
+    "gdn_verify",   # the policy's verify kernel (incl. replay of cached inputs)
+    "gdn_commit",   # the policy's commit kernel (store_all: slot select; replay: flush)
+    "attention",    # attention layers: QKV, RoPE, attention over the KV cache, out proj
+    "moe",          # router, routed experts, shared expert (every layer)
+    "lm_head",      # final norm, LM head, sampling / acceptance
+    "allreduce",    # tensor-parallel all-reduces (2 per layer)
+    "overhead",     # fixed per-step CPU/launch overhead
+)
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """What the scheduler put into one engine step (per GPU view of the whole batch)."""
+
+    num_seqs: int  # requests scheduled this step
+    prefill_tokens: int  # prompt tokens scheduled (chunked prefill), all requests
+    prefill_seqs: int
+    decode_seqs: int  # requests in decode (verifying a draft or plain decoding)
+    spec_seqs: int  # of decode_seqs, those that verify a draft tree this step
+    verify_positions: int  # positions per speculating request (1 + N draft nodes)
+    context_tokens: int  # sum over scheduled requests of tokens already in the KV cache
+    max_context: int
+    eager: bool  # piecewise (eager) mode: mixed/prefill batch, or a tree that breaks graphs
+    replay_tokens: int = 0  # replay: cached accepted tokens replayed before the tree, all seqs
+    flush_seqs: int = 0  # replay: requests whose commit writes the state back this step
+    draft_depth: int = 0  # K drafter passes (0: no speculation this step)
+
+    @property
+    def decode_tokens(self) -> int:
+        return self.spec_seqs * self.verify_positions + (self.decode_seqs - self.spec_seqs)
+
+    @property
+    def num_tokens(self) -> int:
+        """All target tokens of the forward."""
+        return self.prefill_tokens + self.decode_tokens
+
+
+@dataclass
+class StepTime:
+    terms: dict[str, float]  # seconds per term (TERMS)
+    mode: str  # "graph" or "eager"
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.terms.values())
+
+
+@dataclass
+class LatencySources:
+    """Which source priced each term: 'calibrated', 'analytic', 'derived' or 'config'."""
+
+    by_term: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        kinds = set(self.by_term.values())
+        return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+class LatencyModel(Protocol):
+    sources: LatencySources
+
+    def step_time(self, batch: StepBatch) -> StepTime: ...
