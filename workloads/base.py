@@ -29,3 +29,12 @@ class Workload:
     # drafter's candidates; the remainder of each row is "not among the candidates".
     acceptance: dict[str, list[list[float]]] = field(default_factory=dict)
     arrival: str = "closed"  # the workload's default arrival process: closed | poisson | gamma | trace
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What a dataset loader returns before the registry wraps it into a Workload."""
+
+    requests: list[RequestSpec]
+    source: str
+    categories: frozenset[str] = frozenset()  # every category the data set has (acceptance keys)

@@ -1,0 +1,55 @@
+"""Open-loop send times, as vLLM's serving benchmark draws them, and trace replay.
+
+Closed loop (a maximum concurrency) is the engine client's semaphore, not a schedule.
+
+vLLM's `get_request` sends a request, then sleeps a gap drawn from
+Gamma(shape = burstiness, scale = 1 / (rate x burstiness)): mean gap 1/rate whatever
+the burstiness, coefficient of variation 1/sqrt(burstiness); burstiness 1 is a
+Poisson process, below 1 burstier, above 1 more regular. The first request goes at
+t = 0. (vLLM 0.10 and later also rescale all send times so the last one falls at
+n / rate; we do not, so the gaps stay exactly Gamma-distributed.)
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from workloads.base import RequestSpec, WorkloadError
+
+
+def gamma_arrival_times(n: int, rate: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:
+    """Send times in seconds of n requests at `rate` requests/s (inf: all at t = 0)."""
+    if n < 0:
+        raise WorkloadError(f"number of requests must be >= 0, got {n}")
+    if not rate > 0:
+        raise WorkloadError(f"request_rate must be > 0 requests/s (or inf), got {rate}")
+    if not (burstiness > 0 and math.isfinite(burstiness)):
+        raise WorkloadError(f"burstiness must be a finite number > 0 (1 = Poisson), got {burstiness}")
+    if n == 0:
+        return np.zeros(0)
+    if math.isinf(rate):
+        return np.zeros(n)
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n - 1)
+    return np.concatenate(([0.0], np.cumsum(gaps)))
+
+
+def trace_arrival_times(requests: Sequence[RequestSpec], time_scale: float) -> np.ndarray:
+    """The requests' own timestamps relative to the first, times `time_scale`
+    (0.5 replays the trace twice as fast)."""
+    if not (time_scale > 0 and math.isfinite(time_scale)):
+        raise WorkloadError(f"time_scale must be a finite number > 0, got {time_scale}")
+    if not requests:
+        return np.zeros(0)
+    missing = [r.request_id for r in requests if r.arrival_s is None]
+    if missing:
+        raise WorkloadError(f"trace replay needs arrival times, but {len(missing)} request(s) have none "
+                            f"(first: request {missing[0]}); this workload is not a trace: use a request "
+                            "rate or a maximum concurrency instead")
+    t = np.array([r.arrival_s for r in requests], dtype=float)
+    if np.any(np.diff(t) < 0):
+        i = int(np.argmax(np.diff(t) < 0)) + 1
+        raise WorkloadError(f"trace arrival times must not decrease: request {requests[i].request_id} "
+                            f"at {t[i]} s comes after {t[i - 1]} s")
+    return (t - t[0]) * time_scale
