@@ -258,7 +258,8 @@ def _resolve(kind: str, name_or_path: str) -> Path:
         return p
     path = CONFIG_DIR / kind / f"{name_or_path}.yaml"
     if not path.exists():
-        raise ConfigError(f"unknown {kind[:-1]} {name_or_path!r}; valid: {', '.join(_names(kind))} (or a path to a .yaml file)")
+        singular = {"models": "model", "hardware": "hardware", "policies": "policy"}.get(kind, kind)
+        raise ConfigError(f"unknown {singular} {name_or_path!r}; valid: {', '.join(_names(kind))} (or a path to a .yaml file)")
     return path
 
 

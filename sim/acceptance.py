@@ -1,0 +1,136 @@
+"""Acceptance of a draft tree: per-depth rank distributions and per-request random streams.
+
+At tree depth d the target model's token has a rank among the drafter's candidates,
+drawn from a per-depth categorical distribution (row d: P(rank 0), P(rank 1), ...;
+the rest of the row's mass is "not among the candidates"). A tree of widths
+(w_1, ..., w_D) keeps its draft at depth d while that rank is below w_d; the first
+miss ends the accepted path. Inverse-CDF sampling makes this one uniform per depth:
+accept at depth d iff u_d < P(rank < w_d).
+
+Common random numbers: every request owns a stream seeded by (seed, request_id) and
+each verify step consumes exactly D uniforms, whatever is accepted, so the k-th verify
+step of a request sees the same uniforms under every policy, tree and load.
+
+The built-in default (`default_rank_rows`) reproduces DESIGN.md's reference accepted
+lengths (bonus token included): 3.24 for (1,1,1) and 3.58 for (3,3,3). Two numbers
+pin two parameters, so we assume depth-independent conditional probabilities:
+  - rank 0 with probability a at every depth: 1 + a + a^2 + a^3 = 3.24 gives
+    a = 0.86088 (solved by bisection below);
+  - P(rank < 3) = b at every depth: 1 + b + b^2 + b^3 = 3.58 gives b = 0.92646;
+  - ranks 1, 2, ... share 1 - a geometrically: P(rank = r) = (1 - a) q (1 - q)^(r-1),
+    with q fixed by a + (1 - a)(1 - (1 - q)^2) = b, so q = 0.27295.
+Rows list ranks 0..RANK_COLUMNS-1; wider trees than that gain nothing more.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from sim.config import ConfigError
+
+REFERENCE_ACCEPTED_LEN = {(1, 1, 1): 3.24, (3, 3, 3): 3.58}  # DESIGN.md section 3, bonus token included
+RANK_COLUMNS = 16  # candidate ranks listed per row of the default distribution
+UNIFORM_BLOCK = 64  # verify steps of uniforms drawn per refill (amortises numpy call overhead)
+
+
+def _solve_geometric_sum(target: float, depth: int) -> float:
+    """p in (0, 1) with p + p^2 + ... + p^depth = target (monotone in p: bisection)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if sum(mid ** k for k in range(1, depth + 1)) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def default_rank_rows(depth: int = 3) -> list[list[float]]:
+    """Depth-independent rank distribution fitted to DESIGN.md's 3.24 / 3.58 (see module doc)."""
+    a = _solve_geometric_sum(REFERENCE_ACCEPTED_LEN[(1, 1, 1)] - 1, 3)
+    b = _solve_geometric_sum(REFERENCE_ACCEPTED_LEN[(3, 3, 3)] - 1, 3)
+    q = 1 - np.sqrt(1 - (b - a) / (1 - a))
+    row = [a] + [(1 - a) * q * (1 - q) ** (r - 1) for r in range(1, RANK_COLUMNS)]
+    return [list(map(float, row)) for _ in range(depth)]
+
+
+def validate_rows(rows: Sequence[Sequence[float]], depth: int, source: str) -> list[list[float]]:
+    if len(rows) < depth:
+        raise ConfigError(f"{source}: acceptance needs one row per tree depth ({depth}), got {len(rows)}")
+    out = []
+    for d, row in enumerate(rows[:depth]):
+        row = [float(p) for p in row]
+        if not row or any(p < 0 for p in row) or sum(row) > 1 + 1e-9:
+            raise ConfigError(f"{source}: acceptance row {d} must be non-negative probabilities "
+                              f"summing to <= 1, got {row}")
+        out.append(row)
+    return out
+
+
+def accept_thresholds(rows: Sequence[Sequence[float]], widths: Sequence[int]) -> tuple[float, ...]:
+    """P(rank < w_d) per depth: the conditional probability of accepting depth d."""
+    return tuple(float(sum(row[:w])) for row, w in zip(rows, widths))
+
+
+def expected_accepted_len(thresholds: Sequence[float]) -> float:
+    """Mean tokens per verify step, bonus included: 1 + sum_d prod_{j<=d} p_j."""
+    total, run = 1.0, 1.0
+    for p in thresholds:
+        run *= p
+        total += run
+    return total
+
+
+class AcceptanceStream:
+    """One request's seeded uniforms, consumed D per verify step."""
+
+    __slots__ = ("_rng", "_buf", "_pos", "thresholds", "depth")
+
+    def __init__(self, seed: int, request_id: int, thresholds: tuple[float, ...]) -> None:
+        self._rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, request_id])))
+        self.thresholds = thresholds
+        self.depth = len(thresholds)
+        self._buf: list[float] = []
+        self._pos = 0
+
+    def accepted_drafts(self) -> int:
+        """Drafts accepted along the tree's best path this verify step (0..D)."""
+        d = self.depth
+        if self._pos + d > len(self._buf):
+            self._buf = self._rng.random(d * UNIFORM_BLOCK).tolist()
+            self._pos = 0
+        u = self._buf
+        i = self._pos
+        self._pos = i + d
+        a = 0
+        for p in self.thresholds:
+            if u[i + a] >= p:
+                break
+            a += 1
+        return a
+
+
+class AcceptanceModel:
+    """Per-category thresholds for one draft tree; hands each request its stream."""
+
+    def __init__(self, widths: Sequence[int], seed: int,
+                 by_category: Mapping[str, Sequence[Sequence[float]]] | None = None,
+                 source: str = "workload acceptance") -> None:
+        self.widths = tuple(widths)
+        self.seed = seed
+        depth = len(self.widths)
+        rows = {cat: validate_rows(r, depth, f"{source}[{cat!r}]") for cat, r in (by_category or {}).items()}
+        default = rows.get("", default_rank_rows(depth))
+        self._default = accept_thresholds(default, self.widths)
+        self._by_category = {cat: accept_thresholds(r, self.widths) for cat, r in rows.items()}
+        self.source = "workload" if rows else "built-in default"
+
+    def thresholds(self, category: str) -> tuple[float, ...]:
+        return self._by_category.get(category, self._default)
+
+    def stream(self, request_id: int, category: str = "") -> AcceptanceStream:
+        return AcceptanceStream(self.seed, request_id, self.thresholds(category))
+
+    def expected_len(self, category: str = "") -> float:
+        return expected_accepted_len(self.thresholds(category))

@@ -1,0 +1,208 @@
+"""The engine: one SimPy process stepping a vLLM-v1-style continuous-batching loop.
+
+Each step: the scheduler picks tokens and allocates blocks (preempting if it must),
+the latency model prices the batch, simulated time advances by that step time, then
+every scheduled request is updated at once: prefill progress, or a verify step whose
+accepted length comes from the request's own acceptance stream. Output tokens are
+emitted at the end of the step that produced them. Per-step work is O(scheduled
+requests); there are no per-token or per-request-per-step events.
+"""
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+
+import simpy
+
+from policies import CommitPolicy
+from sim.acceptance import AcceptanceModel
+from sim.client import Client
+from sim.config import ConfigError
+from sim.latency import LatencyModel, StepBatch
+from sim.metrics import StepLog
+from sim.pool import Pool
+from sim.request import Request, Status
+from sim.scheduler import Scheduler, StepPlan
+from workloads.base import RequestSpec
+
+# vLLM's default largest CUDA-graph capture size, in tokens, is
+# min(max_num_seqs x (1 + K) x 2, 512, max_num_batched_tokens) (VllmConfig._set_cudagraph_sizes);
+# larger batches run piecewise.
+CUDAGRAPH_CAPTURE_CAP = 512
+
+
+@dataclass
+class EngineResult:
+    requests: list[Request]
+    steps: StepLog
+    duration_s: float
+    pool: Pool
+
+
+class Engine:
+    def __init__(self, env: simpy.Environment, scheduler: Scheduler, latency: LatencyModel, policy: CommitPolicy,
+                 steps: StepLog) -> None:
+        self.env = env
+        self.scheduler = scheduler
+        self.latency = latency
+        self.policy = policy
+        self.steps = steps
+        self.draft_depth = policy.model.mtp_depth
+        self.spec_enabled = scheduler.verify_positions > 1
+        self.tree_forces_eager = policy.forces_eager()
+        self.replay = policy.name == "replay"
+        self.graph_max_tokens = min(scheduler.max_seqs * scheduler.verify_positions * 2, CUDAGRAPH_CAPTURE_CAP,
+                                    scheduler.max_tokens)
+        self.on_done = lambda req: None  # the client's callback for finished requests
+        self._wake: simpy.Event | None = None
+
+    def submit(self, req: Request) -> bool:
+        """A request arrives; False if it can never run here (rejected with a reason)."""
+        reason = self.scheduler.reject_reason(req)
+        if reason:
+            req.status = Status.REJECTED
+            req.reject_reason = reason
+            if self.steps.trace:
+                self.steps.events.append((self.env.now, "reject", req.rid))
+            return False
+        self.scheduler.add(req, self.env.now)
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+        return True
+
+    def run(self) -> Generator[simpy.Event, None, None]:
+        env, sched, latency, log = self.env, self.scheduler, self.latency, self.steps
+        term_sums = log.term_sums
+        while True:
+            if not sched.running and not sched.waiting:
+                self._wake = env.event()
+                yield self._wake  # never fires once the client has nothing left: the run ends
+                self._wake = None
+                continue
+            now = env.now
+            plan = sched.schedule(now)
+            if not plan.reqs:
+                if plan.preempted:
+                    if log.trace:
+                        log.events.extend((now, "preempt", r.rid) for r in plan.preempted)
+                    continue  # every running request was preempted; readmit next step
+                raise RuntimeError(f"engine stalled at t={now}: {len(sched.waiting)} waiting, nothing schedulable")
+            batch = self._batch(plan)
+            st = latency.step_time(batch)
+            dt = st.total_s
+            for k, v in st.terms.items():
+                term_sums[k] += v
+            log.durations.append(dt)
+            log.usage.append(sched.pool.usage)
+            if batch.eager:
+                log.eager_steps += 1
+            if log.trace:
+                log.events.extend((now, "preempt", r.rid) for r in plan.preempted)
+                log.events.extend((now, "admit", r.rid) for r in plan.admitted)
+                log.rows.append((now, dt, batch.num_seqs, batch.num_tokens, batch.prefill_tokens, batch.spec_seqs,
+                                 len(sched.running), len(sched.waiting), len(plan.preempted), sched.pool.used,
+                                 sched.pool.usage, st.mode))
+            yield env.timeout(dt)
+            self._complete(plan, env.now)
+
+    def _batch(self, plan: StepPlan) -> StepBatch:
+        prefill_tokens = prefill_seqs = decode_seqs = spec_seqs = replay_tokens = flush_seqs = 0
+        for req, n, spec in zip(plan.reqs, plan.tokens, plan.spec):
+            if spec:
+                spec_seqs += 1
+                if self.replay:
+                    replay_tokens += self.policy.replay_tokens(req.steps_since_flush, req.tokens_since_flush)
+                    flush_seqs += self.policy.flushes(req.steps_since_flush)
+            elif n == 1 and req.computed + 1 == req.num_tokens:
+                decode_seqs += 1
+            else:
+                prefill_tokens += n
+                prefill_seqs += 1
+        decode_seqs += spec_seqs
+        vp = self.scheduler.verify_positions
+        num_tokens = prefill_tokens + spec_seqs * vp + (decode_seqs - spec_seqs)
+        eager = (prefill_tokens > 0 or (spec_seqs > 0 and self.tree_forces_eager)
+                 or num_tokens > self.graph_max_tokens)
+        return StepBatch(
+            num_seqs=len(plan.reqs), prefill_tokens=prefill_tokens, prefill_seqs=prefill_seqs,
+            decode_seqs=decode_seqs, spec_seqs=spec_seqs, verify_positions=vp,
+            context_tokens=plan.context_tokens, max_context=plan.max_context, eager=eager,
+            replay_tokens=replay_tokens, flush_seqs=flush_seqs,
+            draft_depth=self.draft_depth if self.spec_enabled else 0,
+        )
+
+    def _complete(self, plan: StepPlan, now: float) -> None:
+        finished = False
+        spec_enabled = self.spec_enabled
+        for req, n, spec in zip(plan.reqs, plan.tokens, plan.spec):
+            if spec:
+                a = req.acceptance.accepted_drafts()
+                req.spec_steps += 1
+                req.spec_tokens += a + 1
+                req.computed += 1 + a  # the root token and the accepted drafts; the bonus is sampled
+                emit = a + 1
+                if self.replay:
+                    if self.policy.flushes(req.steps_since_flush):
+                        req.steps_since_flush = req.tokens_since_flush = 0
+                    else:
+                        req.steps_since_flush += 1
+                        req.tokens_since_flush += a + 1
+            else:
+                req.computed += n
+                emit = 1 if req.computed == req.num_tokens else 0  # the last prompt chunk samples a token
+            if not emit:
+                continue
+            left = req.output - req.generated
+            if emit > left:
+                emit = left  # the request stops at its output length; extra accepted tokens are dropped
+            if req.generated == 0:
+                req.first_token_s = now
+            req.generated += emit
+            req.token_times.append(now)
+            req.has_draft = spec_enabled  # the drafter ran over this request's new tokens
+            if req.generated >= req.output:
+                req.status = Status.FINISHED
+                req.finish_s = now
+                self.scheduler.finish(req)
+                finished = True
+                if self.steps.trace:
+                    self.steps.events.append((now, "finish", req.rid))
+                self.on_done(req)
+        if finished:
+            self.scheduler.running = [r for r in self.scheduler.running if r.status is Status.RUNNING]
+
+
+def run_engine(specs: Sequence[RequestSpec], *, pool: Pool, policy: CommitPolicy, latency: LatencyModel,
+               acceptance: AcceptanceModel, max_num_batched_tokens: int, max_num_seqs: int,
+               admission: str = "full_prompt", arrivals: Sequence[float] | None = None,
+               max_concurrency: int | None = None, trace: bool = False) -> EngineResult:
+    """Simulate `specs` through one engine; `arrivals` are ready times (default: all at 0)."""
+    if arrivals is not None and len(arrivals) != len(specs):
+        raise ValueError(f"{len(arrivals)} arrival times for {len(specs)} requests")
+    bad = next((s for s in specs if s.prompt_tokens < 1 or s.output_tokens < 1), None)
+    if bad is not None:
+        raise ConfigError(f"request {bad.request_id}: prompt_tokens and output_tokens must be >= 1 "
+                          f"(got {bad.prompt_tokens} and {bad.output_tokens})")
+    model = policy.model
+    spec_on = model.mtp_depth > 0
+    env = simpy.Environment(initial_time=0.0)
+    scheduler = Scheduler(
+        pool, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+        verify_positions=policy.verify_positions if spec_on else 1,
+        lookahead=model.mtp_depth, admission=admission, max_model_len=model.max_model_len,
+    )
+    steps = StepLog(trace)
+    engine = Engine(env, scheduler, latency, policy, steps)
+    times = [0.0] * len(specs) if arrivals is None else [float(t) for t in arrivals]
+    requests = [Request(s, t, acceptance.stream(s.request_id, s.category) if spec_on else None)
+                for s, t in zip(specs, times)]
+    client = Client(env, requests, max_concurrency, engine.submit)
+    engine.on_done = client.on_done
+    env.process(client.arrivals())
+    env.process(engine.run())
+    env.run()
+    unfinished = [r for r in requests if r.status not in (Status.FINISHED, Status.REJECTED)]
+    if unfinished:
+        raise RuntimeError(f"simulation ended with {len(unfinished)} unfinished requests, e.g. {unfinished[0]}")
+    return EngineResult(requests, steps, env.now, pool)
+

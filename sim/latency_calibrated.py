@@ -1,0 +1,352 @@
+"""Step latency from the GPU calibration tables (`results/calibration/<gpu>/<model>/`).
+
+A step is priced as the sum of its measured parts, per GPU:
+  gdn        = GDN layers x gdn(tokens)
+  gdn_verify = GDN layers x the policy's verify kernel at (decoding requests, tree)
+               [kernels.csv], plus prefill requests x gdn_prefill(chunk): fla's
+               chunked kernel, vLLM's GDN prefill (roofline if it was not measured)
+  gdn_commit = GDN layers x the policy's commit kernel [kernels.csv]
+  attention  = attention layers x (attn_proj(tokens) + attn_decode(B, P, context)
+               + prefill requests x attn_prefill(chunk, context))
+  moe        = all layers x moe(tokens);  lm_head = lm_head(rows that are sampled)
+  drafter    = MTP passes, each mtp_fc + attn_proj + attention core + moe + lm_head
+  allreduce  = two ring all-reduces per layer (and per drafter pass) at TP > 1, from
+               the hardware's stated NVLink bandwidth and latency (not measured: only
+               one-GPU machines were lent)
+  overhead   = host time of a real step beyond its GPU time (input upload, graph
+               launch, token download, sync), from the whole-step check
+Graph or eager tables are chosen by `batch.eager`. `context` is the batch's mean
+context per scheduled request. A derived hardware profile (e.g. B200) scales each
+calibrated piece by its `scaling` factor, memory- or compute-bound by its arithmetic
+intensity against the source GPU's ridge point. Terms with no table come from the
+fallback model and are labelled so in `sources`.
+"""
+from __future__ import annotations
+
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+from calibrate.interp import Curve1D, GridInterpolator, from_rows
+from calibrate.tables import STEP_COLUMNS, TABLES, TableError, read_rows
+from policies import CommitPolicy, make_policy
+from sim.config import REPO_ROOT, EngineConfig, HardwareConfig, ModelConfig, PolicyConfig, load_hardware
+from sim.latency import TERMS, LatencyModel, LatencySources, StepBatch, StepTime
+from sim.latency_analytic import GDN_FLOPS_PER_STATE_ELEMENT
+
+MODES = ("graph", "eager")
+KERNEL_COLUMNS = ("model", "policy", "B", "T", "verify_us", "commit_us", "mode")
+REPLAY_COLUMNS = ("replay_tokens", "replayed_tokens", "cached_tokens")  # the kernels bench's name for it
+US = 1e-6
+STEP_MEMO = 200_000  # distinct batch shapes whose context-free part is kept
+
+
+def _tree_key(text: Any) -> tuple[int, ...] | None:
+    nums = tuple(int(x) for x in re.findall(r"\d+", str(text)))
+    return nums or None
+
+
+class CalibratedLatencyModel:
+    def __init__(self, model: ModelConfig, hw: HardwareConfig, policy: CommitPolicy, engine_cfg: EngineConfig,
+                 tables: dict[tuple[str, str], GridInterpolator], kernels: dict[str, Any],
+                 overhead_us: dict[str, float], fallback: LatencyModel | None) -> None:
+        self.model, self.hw, self.policy, self.fallback = model, hw, policy, fallback
+        self.tables = tables
+        self.kernels = kernels
+        self.tp = model.tensor_parallel
+        self.nodes_per_depth = policy.tree.nodes_per_depth
+        self.derived = hw.derived
+        if hw.derived:
+            base = load_hardware(hw.derived_from)
+            self.ridge = base.bf16_tflops * 1e12 / (base.hbm_bandwidth_gbs * 1e9)  # flops per byte
+            self.scale = {k: float(v) for k, v in hw.scaling.items()}
+            for kind in ("memory_bound", "compute_bound", "overhead"):
+                if kind not in self.scale:
+                    raise TableError(f"hardware {hw.name}: derived profile lacks scaling.{kind}")
+        self.top_k_per_expert = model.moe.top_k / model.moe.num_experts
+        self.q_per_kv = model.attention.num_q_heads // model.tensor_parallel / model.kv_heads_per_gpu
+        self.nvlink_bw = hw.nvlink_bandwidth_gbs * 1e9
+        self.nvlink_lat = hw.nvlink_latency_us * US
+        self.hidden_bytes = model.hidden_size * model.weight_dtype_bytes
+        cal = "derived" if hw.derived else "calibrated"
+        src = {t: cal for t in TERMS}
+        if "verify" not in kernels:
+            src["gdn_verify"] = "analytic"
+        elif not any(k[0] == "gdn_prefill" for k in tables):
+            src["gdn_verify"] = "mixed"  # decode verify measured, prefill recurrence by roofline
+        if "commit" not in kernels:
+            src["gdn_commit"] = "analytic"
+        if self.tp > 1:
+            src["allreduce"] = "analytic"
+        if engine_cfg.step_overhead_us is not None:
+            src["overhead"] = "config"
+            overhead_us = {m: engine_cfg.step_overhead_us for m in MODES}
+        elif not overhead_us:
+            src["overhead"] = "analytic"
+        self.overhead_us = overhead_us
+        if any(v == "analytic" for v in src.values()) and fallback is None:
+            missing = [t for t, v in src.items() if v == "analytic" and t != "allreduce"]
+            if missing:
+                raise TableError(f"{model.name}: no calibration for {missing} and no fallback model given")
+        self.sources = LatencySources(src)
+        # One-axis tables as fast memoised curves; the others slice to curves per call.
+        self.curves = {k: g.partial() for k, g in tables.items() if len(g.axes) == 1}
+        self._steps: dict[tuple, tuple] = {}
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def load(cls, model: ModelConfig, hw: HardwareConfig, policy: CommitPolicy | PolicyConfig,
+             engine_cfg: EngineConfig, fallback: LatencyModel | None = None, *,
+             extrapolate: bool = True) -> "CalibratedLatencyModel | None":
+        """The model for these tables, or None when hw has no calibration for this model."""
+        if not hw.calibration_dir:
+            return None
+        root = REPO_ROOT / hw.calibration_dir
+        mdir = root / model.name
+        if not mdir.is_dir() or not any(mdir.glob("*.csv")):
+            return None
+        if isinstance(policy, PolicyConfig):
+            policy = make_policy(model, policy)
+        tables = load_tables(mdir, extrapolate=extrapolate)
+        kernels = load_kernels(root / "kernels.csv", model, policy, extrapolate=extrapolate)
+        return cls(model, hw, policy, engine_cfg, tables, kernels, load_overhead(mdir), fallback)
+
+    # ------------------------------------------------------------------ helpers
+    def _t(self, table: str, mode: str, x: float) -> float:
+        return self.curves[(table, mode)](x)
+
+    def _f(self, intensity: float) -> float:
+        """Derived-hardware factor of a piece with this arithmetic intensity (flops/byte)."""
+        if not self.derived:
+            return 1.0
+        return self.scale["compute_bound"] if intensity > self.ridge else self.scale["memory_bound"]
+
+    def _tok(self, table: str, mode: str, n: float) -> float:
+        """A token-proportional layer part (GEMM intensity is about its token count)."""
+        return self._t(table, mode, n) * self._f(n) if n > 0 else 0.0
+
+    def _moe(self, mode: str, n: float) -> float:
+        if n <= 0:
+            return 0.0
+        touched = 1.0 - (1.0 - self.top_k_per_expert) ** n  # fraction of experts touched
+        return self._t("moe", mode, n) * self._f(n * self.top_k_per_expert / touched)
+
+    def _decode_curve(self, mode: str, seqs: float, per_seq: float, coef: float) -> tuple[float, Curve1D] | None:
+        """(coefficient, curve over context) of the decode attention core, or None without decodes."""
+        if seqs <= 0:
+            return None
+        return coef * self._f(per_seq * self.q_per_kv), self.tables[("attn_decode", mode)].partial(seqs, per_seq)
+
+    def _prefill_curve(self, mode: str, seqs: int, tokens: int, coef: float) -> tuple[float, Curve1D] | None:
+        if seqs <= 0:
+            return None
+        per_seq = tokens / seqs
+        return coef * seqs * self._f(per_seq), self.tables[("attn_prefill", mode)].partial(per_seq)
+
+    def _allreduce(self, tokens: float) -> float:
+        if self.tp == 1 or tokens <= 0:
+            return 0.0
+        ring = 2 * (self.tp - 1)
+        return ring / self.tp * tokens * self.hidden_bytes / self.nvlink_bw + ring * self.nvlink_lat
+
+    def _kernel(self, which: str, mode: str, seqs: float) -> float:
+        curves = self.kernels[which].get(mode) or next(iter(self.kernels[which].values()))
+        return curves.partial()(seqs)
+
+    # ------------------------------------------------------------------ the step
+    def step_time(self, b: StepBatch) -> StepTime:
+        # Everything but the attention core depends on integer batch fields only, so that
+        # part is built once per distinct shape; the core is a curve in the mean context.
+        key = (b.eager, b.num_seqs, b.prefill_tokens, b.prefill_seqs, b.decode_seqs, b.spec_seqs,
+               b.verify_positions, b.replay_tokens, b.flush_seqs, b.draft_depth)
+        built = self._steps.get(key)
+        if built is None:
+            built = self._build(b)
+            if len(self._steps) < STEP_MEMO:
+                self._steps[key] = built
+        fixed, ctx_parts, needs_fallback = built
+        us = dict(fixed)
+        ctx = b.context_tokens / b.num_seqs if b.num_seqs else 0.0
+        for term, coef, curve in ctx_parts:
+            us[term] += coef * curve(ctx)
+        if needs_fallback:
+            fb = self.fallback.step_time(b).terms
+            for term in needs_fallback:
+                us[term] = fb[term] / US
+        return StepTime({t: us[t] * US for t in TERMS}, "eager" if b.eager else "graph")
+
+    def _build(self, b: StepBatch) -> tuple[dict[str, float], list[tuple[str, float, Curve1D]], tuple[str, ...]]:
+        """Context-free microseconds per term, context-dependent parts, terms left to the fallback."""
+        mode = "eager" if b.eager else "graph"
+        n = b.num_tokens
+        m = self.model
+        us: dict[str, float] = dict.fromkeys(TERMS, 0.0)
+        parts: list[tuple[str, float, Curve1D]] = []
+
+        def add(term: str, part: tuple[float, Curve1D] | None) -> None:
+            if part is not None:
+                parts.append((term, *part))
+
+        dec_tok = b.decode_tokens
+        per_seq = dec_tok / b.decode_seqs if b.decode_seqs else 0.0
+        us["gdn"] = m.gdn_layers * self._tok("gdn", mode, n)
+        us["attention"] = m.attn_layers * self._tok("attn_proj", mode, n)
+        for term, coef in (("attention", m.attn_layers), ("drafter", 1.0 if b.draft_depth and b.spec_seqs else 0.0)):
+            if coef:
+                add(term, self._decode_curve(mode, b.decode_seqs, per_seq, coef))
+                add(term, self._prefill_curve(mode, b.prefill_seqs, b.prefill_tokens, coef))
+        us["moe"] = m.num_layers * self._moe(mode, n)
+        us["lm_head"] = self._tok("lm_head", mode, dec_tok + b.prefill_seqs)
+        allreduce = 2 * m.num_layers * self._allreduce(n)
+
+        if b.draft_depth and b.spec_seqs:
+            d = self._tok("mtp_fc", mode, n) + self._tok("attn_proj", mode, n) + self._moe(mode, n) \
+                + self._tok("lm_head", mode, b.spec_seqs)
+            allreduce += 2 * self._allreduce(n)
+            for depth in range(1, b.draft_depth):
+                width = self.nodes_per_depth[min(depth, len(self.nodes_per_depth)) - 1]
+                r = b.spec_seqs * width
+                d += (self._tok("mtp_fc", mode, r) + self._tok("attn_proj", mode, r) + self._moe(mode, r)
+                      + self._tok("lm_head", mode, r))
+                add("drafter", self._decode_curve(mode, b.spec_seqs, width, 1.0))
+                allreduce += 2 * self._allreduce(r)
+            us["drafter"] = d
+
+        fallback: list[str] = []
+        if b.decode_seqs:
+            for term, which, price in (("gdn_verify", "verify", self._verify_us), ("gdn_commit", "commit", self._commit_us)):
+                if which in self.kernels:
+                    us[term] = m.gdn_layers * self._f(0.0) * price(mode, b)
+                else:
+                    fallback.append(term)
+        if b.prefill_tokens:
+            if ("gdn_prefill", mode) in self.curves:
+                us["gdn_verify"] += m.gdn_layers * b.prefill_seqs * self._f(0.0) * \
+                    self._t("gdn_prefill", mode, b.prefill_tokens / b.prefill_seqs)
+            elif "gdn_verify" not in fallback:
+                us["gdn_verify"] += self._analytic_prefill_recurrence_s(b.prefill_tokens) / US
+
+        if self.tp > 1:
+            us["allreduce"] = allreduce / US
+        if self.sources.by_term["overhead"] == "analytic":
+            fallback.append("overhead")
+        else:
+            us["overhead"] = self.overhead_us.get(mode, self.overhead_us.get("graph", 0.0)) * \
+                (self.scale.get("overhead", 1.0) if self.derived else 1.0)
+        return us, parts, tuple(fallback)
+
+    def _analytic_prefill_recurrence_s(self, tokens: int) -> float:
+        """Roofline of the chunked prefill recurrence when no gdn_prefill table was measured."""
+        g, tp = self.model.gdn, self.tp
+        elems = g.num_v_heads // tp * g.head_v_dim * g.head_k_dim
+        flops = self.model.gdn_layers * tokens * GDN_FLOPS_PER_STATE_ELEMENT * elems
+        return flops / (self.hw.bf16_tflops * 1e12)
+
+    def _verify_us(self, mode: str, b: StepBatch) -> float:
+        base = self._kernel("verify", mode, b.decode_seqs)
+        rep = self.kernels.get("replay")
+        if rep and b.replay_tokens:
+            per_seq, (m_tokens, curves) = b.replay_tokens / b.decode_seqs, rep
+            c = curves.get(mode) or next(iter(curves.values()))
+            base += max(0.0, c.partial()(b.decode_seqs) - base) * per_seq / m_tokens
+        return base
+
+    def _commit_us(self, mode: str, b: StepBatch) -> float:
+        t = self._kernel("commit", mode, b.decode_seqs)
+        if self.policy.name == "replay":
+            # Only requests that flush this step write their state back.
+            return t * b.flush_seqs / b.decode_seqs
+        return t
+
+
+# ---------------------------------------------------------------------- loaders
+def load_tables(mdir: Path, *, extrapolate: bool = True) -> dict[tuple[str, str], GridInterpolator]:
+    """Every layer table in TABLES, both modes; a missing required or partial table is an error."""
+    out = {}
+    for name, spec in TABLES.items():
+        if not spec.required and not (mdir / f"{name}.csv").exists():
+            continue
+        rows = read_rows(mdir / f"{name}.csv")
+        for mode in MODES:
+            sel = [r for r in rows if r["mode"] == mode]
+            if not sel and not spec.required:  # e.g. a kernel that could not be graph-captured
+                sel = [r for r in rows if r["mode"] != mode]
+            if not sel:
+                raise TableError(f"{mdir / name}.csv: no rows with mode={mode!r}")
+            try:
+                out[(name, mode)] = from_rows(f"{mdir.name}/{name}[{mode}]", sel, spec.axes, spec.scales,
+                                              extrapolate=extrapolate)
+            except ValueError as e:
+                raise TableError(f"{mdir / name}.csv: {e}") from None
+    return out
+
+
+def load_overhead(mdir: Path) -> dict[str, float]:
+    """Median host overhead per step (host loop time minus GPU time) per mode, from step_check.csv."""
+    path = mdir / "step_check.csv"
+    if not path.exists():
+        return {}
+    rows = read_rows(path, STEP_COLUMNS)
+    return {mode: statistics.median(max(0.0, r["host_step_us"] - r["step_us"]) for r in sel)
+            for mode in MODES if (sel := [r for r in rows if r["mode"] == mode])}
+
+
+def _by_mode(name: str, rows: list[dict], value: str, extrapolate: bool) -> dict[str, GridInterpolator]:
+    """One curve over B per mode; a mode whose rows repeat a B is left out (ambiguous)."""
+    out = {}
+    for mode in MODES:
+        sel = [r for r in rows if r["mode"] == mode]
+        if sel and len({r["B"] for r in sel}) == len(sel) and all(float(r[value]) > 0 for r in sel):
+            out[mode] = from_rows(f"{name}[{mode}]", sel, ("B",), ("log",), value=value, extrapolate=extrapolate)
+    return out
+
+
+def _select(rows: list[dict], policy: str, widths: tuple[int, ...], replay_col: str | None,
+            replayed: int = 0) -> list[dict]:
+    """Rows of one policy at this tree (T = verify positions) and replayed-token count."""
+    t = 1 + sum(_nodes(widths))
+    sel = [r for r in rows if r["policy"] == policy and int(r["T"]) == t
+           and (replay_col is None or int(r[replay_col] or 0) == replayed)]
+    if not sel or "tree" not in sel[0]:
+        return sel
+    exact = [r for r in sel if _tree_key(r["tree"]) == widths]
+    if exact or any(w != 1 for w in widths):
+        return exact
+    # A chain may be written as widths, as its length, or by name.
+    return [r for r in sel if _tree_key(r["tree"]) in (None, (t - 1,), (t,))]
+
+
+def _nodes(widths: tuple[int, ...]) -> list[int]:
+    out, n = [], 1
+    for w in widths:
+        n *= w
+        out.append(n)
+    return out
+
+
+def load_kernels(path: Path, model: ModelConfig, policy: CommitPolicy, *, extrapolate: bool = True) -> dict[str, Any]:
+    """The policy's verify/commit curves over B for its tree, from the kernels bench.
+
+    Returns {} when kernels.csv is absent. Keys, where measured: 'verify' and 'commit'
+    (mode -> curve over B, microseconds per GDN layer) and 'replay' ((most replayed
+    tokens measured, verify curves at that count)).
+    """
+    if not path.exists():
+        return {}
+    rows = [r for r in read_rows(path, KERNEL_COLUMNS) if r["model"] == model.name]
+    if not rows:
+        return {}
+    rep = next((c for c in REPLAY_COLUMNS if c in rows[0]), None)
+    widths = policy.tree.widths
+    out: dict[str, Any] = {}
+    sel = _select(rows, policy.kernel, widths, rep)
+    out["verify"] = _by_mode(f"kernels/{policy.kernel}.verify", sel, "verify_us", extrapolate)
+    out["commit"] = _by_mode(f"kernels/{policy.kernel}.commit", sel, "commit_us", extrapolate)
+    if rep and policy.name == "replay":
+        counts = sorted({int(r[rep] or 0) for r in rows if r["policy"] == policy.kernel})
+        if counts and counts[-1] > 0:
+            curves = _by_mode(f"kernels/{policy.kernel}.verify@{counts[-1]}",
+                              _select(rows, policy.kernel, widths, rep, counts[-1]), "verify_us", extrapolate)
+            out["replay"] = (counts[-1], curves) if curves else None
+    return {k: v for k, v in out.items() if v}

@@ -1,0 +1,110 @@
+"""Serving metrics as vLLM's benchmark defines them, and the per-step log they draw on.
+
+TTFT = first output - send time; TPOT = (E2E - TTFT) / (output tokens - 1) for outputs
+longer than one token; ITL = gaps between consecutive emissions of a request (a
+verify step that emits several tokens is one gap); E2E = last output - send time;
+throughput = completed requests (output tokens) / duration of the run; percentiles
+with linear interpolation (numpy's default, as the benchmark uses).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from sim.latency import TERMS
+from sim.request import Request, Status
+
+PERCENTILES = {"median": 50, "p90": 90, "p99": 99}
+STEP_COLUMNS = ("time_s", "duration_s", "num_seqs", "num_tokens", "prefill_tokens", "spec_seqs", "running",
+                "waiting", "preempted", "used_units", "kv_usage", "mode")
+EVENT_COLUMNS = ("time_s", "event", "request_id")
+
+
+class StepLog:
+    """Per-step records: always the few the summary needs, the full trace on request."""
+
+    def __init__(self, trace: bool) -> None:
+        self.trace = trace
+        self.durations: list[float] = []
+        self.usage: list[float] = []
+        self.term_sums = dict.fromkeys(TERMS, 0.0)
+        self.eager_steps = 0
+        self.rows: list[tuple] = []  # STEP_COLUMNS, with trace only
+        self.events: list[tuple[float, str, int]] = []  # (time, admit|preempt|finish|reject, request id), trace only
+
+    def __len__(self) -> int:
+        return len(self.durations)
+
+
+def _stats(prefix: str, values: Sequence[float]) -> dict[str, float | None]:
+    if len(values) == 0:
+        return {f"{prefix}_mean_s": None, **{f"{prefix}_{k}_s": None for k in PERCENTILES}}
+    arr = np.asarray(values, dtype=float)
+    out = {f"{prefix}_mean_s": float(arr.mean())}
+    for name, q in PERCENTILES.items():
+        out[f"{prefix}_{name}_s"] = float(np.percentile(arr, q))
+    return out
+
+
+def request_rows(requests: Sequence[Request]) -> list[dict[str, Any]]:
+    """One row per request for requests.csv (times in seconds from the start of the run)."""
+    rows = []
+    for r in sorted(requests, key=lambda r: r.rid):
+        done = r.status is Status.FINISHED
+        ttft = r.first_token_s - r.send_s if done else None
+        e2e = r.finish_s - r.send_s if done else None
+        rows.append({
+            "request_id": r.rid, "category": r.category, "prompt_tokens": r.prompt, "output_tokens": r.output,
+            "status": r.status.value, "reject_reason": r.reject_reason,
+            "arrival_s": r.arrival_s, "send_s": r.send_s, "first_scheduled_s": r.first_scheduled_s,
+            "first_token_s": r.first_token_s, "finish_s": r.finish_s,
+            "client_queue_s": (r.send_s - r.arrival_s) if r.send_s is not None else None,
+            "waiting_s": r.waiting_s, "waited_for_memory": r.waited_for_memory, "preemptions": r.preemptions,
+            "ttft_s": ttft, "e2e_s": e2e,
+            "tpot_s": (e2e - ttft) / (r.output - 1) if done and r.output > 1 else None,
+            "generated_tokens": r.generated, "emissions": len(r.token_times),
+            "spec_steps": r.spec_steps, "spec_tokens": r.spec_tokens,
+        })
+    return rows
+
+
+def summarize(requests: Sequence[Request], steps: StepLog, duration_s: float) -> dict[str, Any]:
+    done = [r for r in requests if r.status is Status.FINISHED]
+    rejected = [r for r in requests if r.status is Status.REJECTED]
+    ttft = [r.first_token_s - r.send_s for r in done]
+    e2e = [r.finish_s - r.send_s for r in done]
+    tpot = [(r.finish_s - r.first_token_s) / (r.output - 1) for r in done if r.output > 1]
+    itl = [g for r in done for g in np.diff(r.token_times).tolist()]
+    out_tokens = sum(r.generated for r in done)
+    spec_steps = sum(r.spec_steps for r in requests)
+    n_steps = len(steps)
+    dur = np.asarray(steps.durations)
+    usage = np.asarray(steps.usage)
+    busy = float(dur.sum())
+    summary: dict[str, Any] = {
+        "completed": len(done),
+        "rejected": len(rejected),
+        "rejected_reasons": dict(sorted(Counter(r.reject_reason for r in rejected).items())),
+        "duration_s": duration_s,
+        "request_throughput": len(done) / duration_s if duration_s > 0 else 0.0,
+        "output_throughput_tok_s": out_tokens / duration_s if duration_s > 0 else 0.0,
+        "total_output_tokens": out_tokens,
+        **_stats("ttft", ttft), **_stats("tpot", tpot), **_stats("itl", itl), **_stats("e2e", e2e),
+        "peak_kv_usage": float(usage.max()) if n_steps else 0.0,
+        # Time-weighted over engine steps: each step's usage after its allocations.
+        "mean_kv_usage": float((usage * dur).sum() / busy) if busy > 0 else 0.0,
+        "preemptions": sum(r.preemptions for r in requests),
+        "preempted_requests": sum(1 for r in requests if r.preemptions),
+        "waited_for_memory": sum(1 for r in requests if r.waited_for_memory),
+        "mean_waiting_s": float(np.mean([r.waiting_s for r in done])) if done else None,
+        "client_queue_mean_s": float(np.mean([r.send_s - r.arrival_s for r in done])) if done else None,
+        "mean_accepted_len": sum(r.spec_tokens for r in requests) / spec_steps if spec_steps else None,
+        "num_steps": n_steps,
+        "eager_step_fraction": steps.eager_steps / n_steps if n_steps else 0.0,
+        "mean_step_time_s": busy / n_steps if n_steps else 0.0,
+        "mean_step_time_by_term_s": {t: v / n_steps if n_steps else 0.0 for t, v in steps.term_sums.items()},
+    }
+    return summary

@@ -1,0 +1,89 @@
+"""The KV/state memory pool: vLLM's paged hybrid allocator, or an idealised byte-granular one.
+
+Both count abstract units (blocks, or bytes) so the scheduler does not care which:
+`attn_units(tokens)` is what a request's KV cache of that many tokens holds,
+`state_units` what its GDN state (1 + the policy's speculative blocks per GDN group,
+plus replay's input cache) takes once at admission. `usage` is vLLM's
+`kv_cache_usage`: 1 - free / usable.
+"""
+from __future__ import annotations
+
+from policies import CommitPolicy
+from sim.budget import BlockLayout
+from sim.config import ModelConfig
+
+
+class Pool:
+    """Free-unit counter shared by every request; `take` refuses to go below zero."""
+
+    kind: str = ""
+
+    def __init__(self, capacity: int, state_units: int, unit_bytes: int) -> None:
+        if capacity <= 0:
+            raise ValueError(f"pool capacity must be positive, got {capacity}")
+        self.capacity = capacity
+        self.free = capacity
+        self.state_units = state_units
+        self.unit_bytes = unit_bytes  # bytes per unit, for reporting
+
+    def attn_units(self, tokens: int) -> int:
+        raise NotImplementedError
+
+    def units_for(self, tokens: int) -> int:
+        """Units one request holds with `tokens` in its KV cache, state included."""
+        return self.attn_units(tokens) + self.state_units
+
+    def take(self, n: int) -> None:
+        if n > self.free:
+            raise RuntimeError(f"pool over-allocated: asked {n}, {self.free} free of {self.capacity}")
+        self.free -= n
+
+    def give(self, n: int) -> None:
+        self.free += n
+        if self.free > self.capacity:
+            raise RuntimeError(f"pool freed more than it holds: {self.free} free of {self.capacity}")
+
+    @property
+    def used(self) -> int:
+        return self.capacity - self.free
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.free / self.capacity
+
+
+class PagedPool(Pool):
+    """vLLM's hybrid allocator: attention pages enlarged to the GDN page, whole blocks only."""
+
+    kind = "paged"
+
+    def __init__(self, layout: BlockLayout) -> None:
+        super().__init__(layout.num_blocks, layout.state_blocks, layout.block_bytes)
+        self.block_tokens = layout.attn_block_tokens
+        self.attn_groups = layout.attn_groups
+
+    def attn_units(self, tokens: int) -> int:
+        return self.attn_groups * -(-tokens // self.block_tokens)
+
+
+class IdealPool(Pool):
+    """Byte-granular: a request holds exactly its KV bytes and state bytes (what alignment costs)."""
+
+    kind = "ideal"
+
+    def __init__(self, model: ModelConfig, policy: CommitPolicy, pool_bytes: int) -> None:
+        state = (model.gdn_layers * model.gdn_page_bytes_per_gpu(model.mtp_depth) * policy.state_blocks_per_layer()
+                 + policy.cache_bytes_per_seq_per_gpu())
+        super().__init__(pool_bytes, state, 1)
+        self.token_bytes = model.attn_layers * model.attn_page_bytes_per_token_per_gpu
+
+    def attn_units(self, tokens: int) -> int:
+        return tokens * self.token_bytes
+
+
+def make_pool(kind: str, model: ModelConfig, policy: CommitPolicy, layout: BlockLayout, pool_bytes: int) -> Pool:
+    if kind == "paged":
+        return PagedPool(layout)
+    if kind == "ideal":
+        return IdealPool(model, policy, pool_bytes)
+    raise ValueError(f"engine.allocator must be 'paged' or 'ideal', got {kind!r}")

@@ -1,0 +1,190 @@
+"""`specsim run`: simulate one configuration; `simulate(cfg)` is the entry point sweeps call.
+
+Writes `summary.json`, `requests.csv` (one row per request), `config.yaml` (the
+resolved RunConfig) and, with `trace_steps`, `steps.csv` (one row per engine step)
+and `events.csv` (admissions, preemptions, finishes, rejections).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from policies import DraftTree, make_policy
+from sim.acceptance import AcceptanceModel
+from sim.budget import block_layout, memory_budget
+from sim.config import (ConfigError, RunConfig, hardware_names, load_hardware, load_model, load_policy, model_names,
+                        policy_names, read_yaml, validate)
+from sim.engine import EngineResult, run_engine
+from sim.latency import make_latency_model
+from sim.metrics import EVENT_COLUMNS, STEP_COLUMNS, request_rows, summarize
+from sim.pool import make_pool
+from workloads import Workload, load_workload, workload_names
+from workloads.arrivals import gamma_arrival_times, trace_arrival_times
+
+ARRIVAL_STREAM = 1  # spawn key of the arrival-time stream (acceptance streams use (seed, request_id))
+
+
+def _arrivals(cfg: RunConfig, workload: Workload) -> tuple[np.ndarray | None, str]:
+    """Ready times of the requests and the arrival process's name.
+
+    A trace workload replays its own timestamps when asked to (`use_trace_arrivals`)
+    or by default, when the client sets neither a request rate nor a concurrency.
+    """
+    c = cfg.client
+    if c.use_trace_arrivals or (workload.arrival == "trace" and c.request_rate is None and c.max_concurrency is None):
+        return trace_arrival_times(workload.requests, c.time_scale), "trace"
+    if c.request_rate is not None:
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(cfg.seed, spawn_key=(ARRIVAL_STREAM,))))
+        kind = "poisson" if c.burstiness == 1.0 else "gamma"
+        return gamma_arrival_times(len(workload.requests), c.request_rate, c.burstiness, rng), kind
+    return None, "closed"  # all ready at t = 0: the concurrency limit alone paces them
+
+
+def simulate(cfg: RunConfig, out_dir: Path | None = None) -> dict[str, Any]:
+    """Run one configuration; return the summary (and write the result files to out_dir)."""
+    model = load_model(cfg.model)
+    hw = load_hardware(cfg.hardware)
+    policy = make_policy(model, load_policy(cfg.policy, cfg.policy_overrides))
+    if policy.tree.depth > model.mtp_depth:
+        raise ConfigError(f"policy {cfg.policy}: draft_tree_widths {list(policy.tree.widths)} has depth "
+                          f"{policy.tree.depth}, but {model.name} drafts only mtp_depth = {model.mtp_depth} tokens")
+    eng = cfg.engine
+    budget = memory_budget(model, hw, eng)
+    layout = block_layout(model, policy, budget.pool_bytes)
+    pool = make_pool(eng.allocator, model, policy, layout, budget.pool_bytes)
+    workload = load_workload(cfg.workload, cfg.num_requests, cfg.seed, cfg.workload_overrides)
+    acceptance = AcceptanceModel(policy.tree.widths, cfg.seed, workload.acceptance,
+                                 f"workload {workload.name} acceptance")
+    latency = make_latency_model(model, hw, policy, eng)
+    arrivals, arrival_kind = _arrivals(cfg, workload)
+    result = run_engine(
+        workload.requests, pool=pool, policy=policy, latency=latency, acceptance=acceptance,
+        max_num_batched_tokens=eng.max_num_batched_tokens or hw.max_num_batched_tokens,
+        max_num_seqs=eng.max_num_seqs or hw.max_num_seqs, admission=eng.admission,
+        arrivals=arrivals, max_concurrency=cfg.client.max_concurrency, trace=cfg.trace_steps,
+    )
+    summary = {
+        "model": model.name, "hardware": hw.name, "policy": cfg.policy, "tree": str(policy.tree),
+        "workload": workload.name, "gmu": eng.gmu, "max_concurrency": cfg.client.max_concurrency,
+        "request_rate": cfg.client.request_rate, "arrival": arrival_kind,
+        "num_requests": len(workload.requests), "seed": cfg.seed,
+        **summarize(result.requests, result.steps, result.duration_s),
+        "latency_source": latency.sources.summary(),
+        "latency_terms": dict(latency.sources.by_term),
+        "acceptance_source": acceptance.source,
+        "expected_accepted_len": acceptance.expected_len(),  # the workload default category's mean
+        "allocator": pool.kind,
+        "num_blocks": layout.num_blocks,
+        "block_size_tokens": layout.attn_block_tokens,
+        "block_bytes": layout.block_bytes,
+        "state_blocks_per_request": layout.state_blocks,
+        "pool_bytes": budget.pool_bytes,
+        "activation_source": budget.activation_source,
+    }
+    if out_dir is not None:
+        write_outputs(Path(out_dir), cfg, summary, result)
+    return summary
+
+
+def _write_csv(path: Path, header: list[str] | tuple[str, ...], rows: list) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+
+
+def write_outputs(out: Path, cfg: RunConfig, summary: dict[str, Any], result: EngineResult) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    rows = request_rows(result.requests)
+    header = list(rows[0]) if rows else ["request_id"]
+    _write_csv(out / "requests.csv", header, [[("" if v is None else v) for v in r.values()] for r in rows])
+    if cfg.trace_steps:
+        _write_csv(out / "steps.csv", STEP_COLUMNS, result.steps.rows)
+        _write_csv(out / "events.csv", EVENT_COLUMNS, result.steps.events)
+
+
+# ----------------------------------------------------------------------------- CLI
+FLAG_KEYS = {  # argparse dest -> dotted RunConfig key
+    "model": "model", "hardware": "hardware", "policy": "policy", "workload": "workload",
+    "gmu": "engine.gmu", "concurrency": "client.max_concurrency", "request_rate": "client.request_rate",
+    "burstiness": "client.burstiness", "num_requests": "num_requests", "seed": "seed",
+    "tree": "policy_overrides.draft_tree_widths", "allocator": "engine.allocator", "trace_steps": "trace_steps",
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, help="run.yaml with RunConfig fields (flags and --set override it)")
+    p.add_argument("--model", help=f"one of {', '.join(model_names())} (default {RunConfig().model})")
+    p.add_argument("--hardware", help=f"one of {', '.join(hardware_names())} (default {RunConfig().hardware})")
+    p.add_argument("--policy", help=f"one of {', '.join(policy_names())} (default {RunConfig().policy})")
+    p.add_argument("--workload", help=f"one of {', '.join(workload_names())} (default {RunConfig().workload})")
+    p.add_argument("--gmu", type=float, help="GPU memory utilisation in (0, 1]")
+    p.add_argument("--concurrency", type=int, help="client max concurrency (closed loop)")
+    p.add_argument("--request-rate", type=float, help="open loop: requests per second")
+    p.add_argument("--burstiness", type=float, help="Gamma shape of the arrival gaps (1 = Poisson)")
+    p.add_argument("--num-requests", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--tree", help="draft tree widths per depth, e.g. 1,1,1 or 3,3,3")
+    p.add_argument("--allocator", choices=["paged", "ideal"])
+    p.add_argument("--trace-steps", action="store_true", default=None, help="also write steps.csv and events.csv")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any RunConfig field by dotted key, e.g. engine.admission=first_chunk (repeatable)")
+    p.add_argument("--out", type=Path, help="directory for summary.json, requests.csv, config.yaml")
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    for p in parts[:-1]:
+        nxt = node.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"--set {key}: {p!r} is not a section (it holds {nxt!r})")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def build_config(args: argparse.Namespace) -> RunConfig:
+    data: dict[str, Any] = read_yaml(args.config) if args.config else {}
+    sources = [str(args.config)] if args.config else []
+    for dest, key in FLAG_KEYS.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        if dest == "tree":
+            try:
+                value = list(DraftTree.parse(value).widths)
+            except ValueError as e:
+                raise ConfigError(f"--tree: {e}") from None
+        _set_dotted(data, key, value)
+    for item in args.set:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set expects KEY=VALUE (e.g. engine.gmu=0.6), got {item!r}")
+        _set_dotted(data, key.strip(), yaml.safe_load(text))
+        sources.append(f"--set {item}")
+    return validate(RunConfig, data, " + ".join(["run configuration", *sources]))
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = build_config(args)
+    summary = simulate(cfg, args.out)
+    keys = ("completed", "rejected", "output_throughput_tok_s", "request_throughput", "ttft_mean_s", "ttft_p99_s",
+            "tpot_mean_s", "e2e_mean_s", "peak_kv_usage", "mean_kv_usage", "preemptions", "waited_for_memory",
+            "mean_accepted_len", "num_steps", "latency_source")
+    width = max(map(len, keys))
+    for k in keys:
+        v = summary[k]
+        print(f"{k:<{width}}  {v:.6g}" if isinstance(v, float) else f"{k:<{width}}  {v}")
+    if args.out:
+        print(f"wrote {os.fspath(args.out)}/summary.json, requests.csv, config.yaml"
+              + (", steps.csv, events.csv" if cfg.trace_steps else ""))
+    return 0

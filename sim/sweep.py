@@ -1,0 +1,368 @@
+"""`specsim sweep`: run a grid of points in parallel, resumably, then write points.csv.
+
+One point is one `RunConfig`. Its result is stored as `points/<key>.json`, where the
+key hashes the resolved config together with the code version (the simulator's
+sources, configs and the hardware's calibration tables) and a fingerprint of the
+workload's requests, so an edit to any of them makes stale points miss. Only this (parent) process writes files, each through a
+temporary file, fsync and `os.replace`: an interrupted sweep leaves whole point files
+or none, and a rerun skips them. Points run in a process pool, or on a Dask cluster
+with `--dask-scheduler`; a point that raises is recorded as failed (a model that
+does not fit the memory budget as infeasible) and the sweep goes on.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, closing
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import astuple, dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from sim.config import CONFIG_DIR, REPO_ROOT, ConfigError, RunConfig, load_hardware
+from sim.grid import load_grid
+
+Simulate = Callable[[RunConfig], dict[str, Any]]
+STATUSES = ("ok", "failed", "infeasible")
+DASK_CONNECT_TIMEOUT_S = 5
+# Modules that only run or post-process a sweep: editing them cannot change a point.
+NOT_SIMULATOR = {"sim/sweep.py", "sim/grid.py", "sim/figures.py", "sim/report.py"}
+
+
+# --------------------------------------------------------------------- code version
+def _source_files(hardware: str) -> list[Path]:
+    files = [p for p in (REPO_ROOT / "sim").rglob("*.py") if p.relative_to(REPO_ROOT).as_posix() not in NOT_SIMULATOR]
+    files += [p for p in (REPO_ROOT / "policies").rglob("*.py") if "kernels" not in p.relative_to(REPO_ROOT).parts]
+    files += list((REPO_ROOT / "workloads").rglob("*.py"))
+    # Grids only choose points, and every chosen value is in the point's own key.
+    files += [p for p in CONFIG_DIR.rglob("*") if p.is_file() and "grids" not in p.relative_to(CONFIG_DIR).parts]
+    hw = load_hardware(hardware)
+    if hw.calibration_dir and (cal := REPO_ROOT / hw.calibration_dir).is_dir():
+        files += [p for p in cal.rglob("*") if p.is_file()]
+    return sorted(set(files))
+
+
+_versions: dict[str, str] = {}
+
+
+def code_version(hardware: str) -> str:
+    """Hash of everything a point's result depends on besides its config."""
+    if hardware not in _versions:
+        h = hashlib.sha256()
+        for path in _source_files(hardware):
+            if "__pycache__" in path.parts:
+                continue
+            h.update(path.relative_to(REPO_ROOT).as_posix().encode() + b"\0")
+            h.update(path.read_bytes() + b"\0")
+        _versions[hardware] = h.hexdigest()[:16]
+    return _versions[hardware]
+
+
+def point_key(cfg: RunConfig, version: str) -> str:
+    """`version`: the code version, plus the fingerprint of the point's workload data."""
+    text = json.dumps(cfg.model_dump(mode="json"), sort_keys=True) + "\n" + version
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def git_describe() -> str:
+    """The commit the sweep ran from, with '+dirty' for uncommitted edits; '' outside git."""
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    if rev.returncode:
+        return ""
+    return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+# ---------------------------------------------------------------------- point files
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write all of `text` or nothing: temp file in the same folder, fsync, rename."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_point(path: Path, key: str) -> dict[str, Any] | None:
+    """A stored point if it is complete and belongs to `key`; None if absent or corrupt."""
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(rec, dict) or rec.get("key") != key or rec.get("status") not in STATUSES:
+        return None
+    if rec["status"] == "ok" and not isinstance(rec.get("summary"), dict):
+        return None
+    try:  # the stored config and code version must hash to the key (no hand-edited files)
+        if point_key(RunConfig.model_validate(rec["config"]), rec["code_version"] + rec["data_version"]) != key:
+            return None
+    except (KeyError, TypeError, ValueError):  # pydantic's ValidationError is a ValueError
+        return None
+    return rec
+
+
+def default_simulate(cfg: RunConfig) -> dict[str, Any]:
+    from sim.run import simulate
+
+    return simulate(cfg)
+
+
+def run_point(simulate: Simulate, cfg: RunConfig) -> dict[str, Any]:
+    """Runs in a worker: the point's record. Errors become records, interrupts do not."""
+    start = time.perf_counter()
+    trace = None
+    try:
+        summary = simulate(cfg)
+        status, error = "ok", None
+    except ConfigError as e:  # e.g. the weights do not fit the memory budget
+        summary, status, error = None, "infeasible", str(e)
+    except Exception as e:
+        summary, status, error = None, "failed", f"{type(e).__name__}: {e}"
+        trace = "".join(traceback.format_exception(e)[-6:])
+    return {
+        "status": status,
+        "summary": summary,
+        "error": error,
+        "traceback": trace,
+        "elapsed_s": round(time.perf_counter() - start, 3),
+    }
+
+
+# ------------------------------------------------------------------------ executors
+@dataclass(frozen=True)
+class Point:
+    key: str
+    version: str  # code version
+    data: str  # fingerprint of the workload's requests
+    cfg: RunConfig
+
+
+def _local(points: list[Point], simulate: Simulate, jobs: int) -> Iterator[tuple[Point, dict[str, Any]]]:
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(points)))
+    futures: dict[Future, Point] = {pool.submit(run_point, simulate, p.cfg): p for p in points}
+    try:
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                yield futures[fut], fut.result()
+    except BaseException:
+        # Ctrl-C or an error: drop queued points and stop running ones now (their results
+        # were never written, so a rerun redoes them). Python 3.11 has no public way to
+        # terminate pool workers (3.14 adds terminate_workers).
+        workers = list((pool._processes or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in workers:
+            proc.terminate()
+        raise
+    pool.shutdown(wait=True)
+
+
+def connect_dask(address: str) -> Any:
+    try:
+        from distributed import Client
+    except ImportError:
+        raise ConfigError("--dask-scheduler needs dask.distributed: pip install -e '.[cluster]'") from None
+    try:
+        return Client(address, timeout=f"{DASK_CONNECT_TIMEOUT_S}s")
+    except Exception as e:  # refused, unresolvable, malformed: all mean "no scheduler there"
+        raise ConfigError(
+            f"--dask-scheduler {address!r}: cannot reach a Dask scheduler there ({type(e).__name__}: {e}; "
+            f"timeout {DASK_CONNECT_TIMEOUT_S} s); start one with `dask scheduler` and pass its tcp://HOST:PORT"
+        ) from None
+
+
+def _dask(points: list[Point], simulate: Simulate, client: Any) -> Iterator[tuple[Point, dict[str, Any]]]:
+    from distributed import as_completed
+
+    futures = {client.submit(run_point, simulate, p.cfg, key=f"specsim-point-{p.key}", pure=False): p for p in points}
+    try:
+        for fut in as_completed(futures):
+            yield futures[fut], fut.result()
+    finally:
+        client.cancel(list(futures))
+
+
+# ---------------------------------------------------------------------------- sweep
+def workload_signature(cfg: RunConfig) -> str:
+    return json.dumps([cfg.workload, cfg.num_requests, cfg.seed, cfg.workload_overrides], sort_keys=True)
+
+
+def warm_workloads(points: list[RunConfig]) -> dict[str, str]:
+    """Load each distinct workload once, here: its token-length cache is then on disk
+    (and, with fork, in memory) before workers start, and a bad workload fails once.
+
+    Returns a fingerprint of each workload's requests by `workload_signature`: a data
+    file that changed (e.g. another BURSTGPT_PATH) changes the points' keys.
+    """
+    from workloads import load_workload
+
+    prints: dict[str, str] = {}
+    for cfg in points:
+        sig = workload_signature(cfg)
+        if sig not in prints:
+            w = load_workload(cfg.workload, cfg.num_requests, cfg.seed, cfg.workload_overrides)
+            data = [w.source, w.arrival, w.acceptance, [astuple(r) for r in w.requests]]
+            prints[sig] = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+    return prints
+
+
+@dataclass
+class SweepResult:
+    records: list[dict[str, Any]]  # one per point, in grid order
+    ran: int
+    cached: int
+    wall_s: float
+
+
+def run_sweep(
+    configs: list[RunConfig],
+    out_dir: Path,
+    *,
+    jobs: int | None = None,
+    dask_scheduler: str | None = None,
+    retry_failed: bool = False,
+    simulate: Simulate | None = None,
+    prepare: Callable[[list[RunConfig]], dict[str, str]] | None = None,
+    progress: bool = True,
+) -> SweepResult:
+    """Run every point of `configs` not already stored under `out_dir/points`.
+
+    `simulate` defaults to `sim.run.simulate` and `prepare` to `warm_workloads`.
+    """
+    simulate = simulate or default_simulate
+    prepare = prepare or warm_workloads
+    if jobs is not None and jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1 (worker processes), got {jobs}")
+    start = time.perf_counter()
+    with ExitStack() as stack:
+        client = None
+        if dask_scheduler:  # connect first: a bad address fails before any work
+            client = connect_dask(dask_scheduler)
+            stack.callback(client.close)
+        data = prepare(configs)  # a bad workload fails here, before anything is written
+        point_dir = out_dir / "points"
+        point_dir.mkdir(parents=True, exist_ok=True)
+        for stale in point_dir.glob(".*.tmp"):  # left by a process killed mid-write (SIGKILL)
+            stale.unlink(missing_ok=True)
+        points = []
+        for c in configs:
+            version, fingerprint = code_version(c.hardware), data.get(workload_signature(c), "")
+            points.append(Point(point_key(c, version + fingerprint), version, fingerprint, c))
+        if len({p.key for p in points}) != len(points):
+            raise ConfigError("the grid produces the same point twice; check for duplicate axis values")
+        stored: dict[str, dict[str, Any]] = {}
+        for p in points:
+            rec = read_point(point_dir / f"{p.key}.json", p.key)
+            if rec is not None and not (retry_failed and rec["status"] == "failed"):
+                stored[p.key] = rec
+        todo = [p for p in points if p.key not in stored]
+        if todo:
+            results = _dask(todo, simulate, client) if client else _local(todo, simulate, jobs or os.cpu_count() or 1)
+            stack.enter_context(closing(results))
+            bar = stack.enter_context(tqdm(total=len(todo), desc=f"sweep ({len(stored)} cached)", unit="point", disable=not progress, mininterval=0.5))
+            counts = dict.fromkeys(STATUSES[1:], 0)
+            for p, result in results:
+                rec = {"key": p.key, "code_version": p.version, "data_version": p.data,
+                       "config": p.cfg.model_dump(mode="json"), **result}
+                atomic_write_text(point_dir / f"{p.key}.json", json.dumps(rec, indent=1, sort_keys=True))
+                stored[p.key] = rec
+                if rec["status"] in counts:
+                    counts[rec["status"]] += 1
+                bar.set_postfix(counts, refresh=False)
+                bar.update()
+    return SweepResult([stored[p.key] for p in points], len(todo), len(points) - len(todo), time.perf_counter() - start)
+
+
+# ------------------------------------------------------------------------------ CLI
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", required=True, help="workload name (configs/workloads/) or a path to its YAML")
+    p.add_argument("--grid", default=str(CONFIG_DIR / "grids" / "paper.yaml"), help="grid YAML (default: configs/grids/paper.yaml)")
+    p.add_argument("--model", default=None, help="run only this model (replaces the grid's model axis)")
+    p.add_argument("--hardware", default=None, help="GPU profile (replaces the grid's; default: the grid's or h200)")
+    p.add_argument("--out", default=None, help="sweep folder (default: results/sweeps/<workload>)")
+    p.add_argument("--jobs", type=int, default=None, help="worker processes (default: all cores)")
+    p.add_argument("--dask-scheduler", default=None, metavar="ADDRESS", help="run points on this Dask scheduler (tcp://HOST:PORT)")
+    p.add_argument("--retry-failed", action="store_true", help="rerun points stored as failed (infeasible ones stay)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def command_line(args: argparse.Namespace, out: Path) -> str:
+    """The sweep's command with every choice spelled out, for report.md."""
+    parts = ["specsim", "sweep", "--workload", args.workload, "--grid", args.grid]
+    parts += ["--model", args.model] if args.model else []
+    parts += ["--hardware", args.hardware] if args.hardware else []
+    parts += ["--out", str(out)]
+    parts += ["--dask-scheduler", args.dask_scheduler] if args.dask_scheduler else []
+    return shlex.join(parts)
+
+
+def _previous_calls(path: Path) -> list[dict[str, Any]]:
+    try:
+        history = json.loads(path.read_text()).get("history", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return history if isinstance(history, list) else []
+
+
+def main(args: argparse.Namespace) -> int:
+    from sim.report import write_points_csv
+
+    grid = load_grid(args.grid, args.workload, model=args.model, hardware=args.hardware)
+    configs = grid.points(args.workload)
+    out = Path(args.out) if args.out else REPO_ROOT / "results" / "sweeps" / Path(args.workload).stem
+    try:
+        result = run_sweep(configs, out, jobs=args.jobs, dask_scheduler=args.dask_scheduler,
+                           retry_failed=args.retry_failed, progress=not args.no_progress)
+    except BrokenProcessPool as e:  # a worker was killed (out of memory, signal): not a point's error
+        print(f"specsim sweep: error: a worker process died ({e}); finished points are saved in "
+              f"{out / 'points'}, rerun the same command to resume", file=sys.stderr)
+        return 1
+    table = write_points_csv(result.records, out / "points.csv")
+    call = {
+        "ran": result.ran,
+        "cached": result.cached,
+        "wall_s": round(result.wall_s, 2),
+        "executor": f"dask {args.dask_scheduler}" if args.dask_scheduler else f"processes x {args.jobs or os.cpu_count()}",
+    }
+    manifest = {
+        "command": command_line(args, out),
+        "workload": args.workload,
+        "grid": str(args.grid),
+        "grid_fixed": grid.fixed,
+        "grid_axes": grid.axes,
+        "load_axis": grid.load_axis,
+        "code_versions": sorted({r["code_version"] for r in result.records}),
+        "git": git_describe(),
+        "points": len(result.records),
+        **call,
+        # Earlier calls on this folder, for the record of fresh and cached timings.
+        "history": (_previous_calls(out / "sweep.json") + [call])[-20:],
+    }
+    atomic_write_text(out / "sweep.json", json.dumps(manifest, indent=2) + "\n")
+    counts = table["status"].value_counts().to_dict()
+    print(
+        f"{len(table)} points ({result.ran} run, {result.cached} cached) in {result.wall_s:.1f} s: "
+        + ", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES)
+        + f"\nwrote {out / 'points.csv'}",
+        file=sys.stderr,
+    )
+    return 0

@@ -1,0 +1,95 @@
+"""The analytic (roofline) latency model and `make_latency_model`."""
+import math
+
+import pytest
+
+from policies import make_policy
+from sim.config import EngineConfig, load_hardware, load_model, load_policy
+from sim.latency import TERMS, StepBatch, make_latency_model
+from sim.latency_analytic import AnalyticLatencyModel, STEP_OVERHEAD_S
+
+MODELS = ("qwen3.5-35b-a3b", "qwen3.5-397b-a17b")
+
+
+def analytic(model="qwen3.5-35b-a3b", policy="store_all", widths=(1, 1, 1), **engine):
+    m = load_model(model)
+    p = make_policy(m, load_policy(policy, {"draft_tree_widths": list(widths)}))
+    return AnalyticLatencyModel(m, load_hardware("h200"), p, EngineConfig(**engine))
+
+
+def decode(seqs, vp=4, context=1000, eager=False, **kw):
+    return StepBatch(num_seqs=seqs, prefill_tokens=0, prefill_seqs=0, decode_seqs=seqs, spec_seqs=seqs,
+                     verify_positions=vp, context_tokens=seqs * context, max_context=context, eager=eager,
+                     draft_depth=3, **kw)
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("policy", ["store_all", "reconstruct", "replay"])
+def test_every_term_is_finite_and_non_negative(model, policy):
+    lat = analytic(model, policy)
+    batches = [decode(1), decode(256, context=4000), decode(64, replay_tokens=64 * 6, flush_seqs=16),
+               StepBatch(num_seqs=8, prefill_tokens=8000, prefill_seqs=8, decode_seqs=0, spec_seqs=0,
+                         verify_positions=4, context_tokens=0, max_context=0, eager=True, draft_depth=3)]
+    for b in batches:
+        st = lat.step_time(b)
+        assert tuple(st.terms) == TERMS
+        assert all(v >= 0 and math.isfinite(v) for v in st.terms.values())
+        assert st.total_s > 0
+
+
+def test_moe_term_by_hand_one_token():
+    """One token touches 8 routed experts + the shared one: their weights, read once, over 40 layers."""
+    lat = analytic()
+    b = StepBatch(num_seqs=1, prefill_tokens=0, prefill_seqs=0, decode_seqs=1, spec_seqs=0, verify_positions=4,
+                  context_tokens=100, max_context=100, eager=False)
+    expert = 3 * 2048 * 512  # gate, up, down
+    weights = (8 * expert + expert + 2048 * 256) * 2  # routed + shared + router, bf16
+    activations = 2048 * 2 * 2  # one token in, one out
+    assert lat.step_time(b).terms["moe"] == pytest.approx(40 * (weights + activations) / 4280e9, rel=1e-9)
+
+
+def test_monotone_in_batch_and_context():
+    lat = analytic()
+    totals = [lat.step_time(decode(n)).total_s for n in (1, 8, 64, 256)]
+    assert totals == sorted(totals) and totals[0] < totals[-1]
+    att = [lat.step_time(decode(32, context=c)).terms["attention"] for c in (100, 10_000, 100_000)]
+    assert att == sorted(att) and att[0] < att[-1]
+
+
+def test_gdn_state_traffic_per_policy():
+    b = decode(128, vp=40)
+    sa = analytic(policy="store_all", widths=(3, 3, 3)).step_time(b).terms
+    rc = analytic(policy="reconstruct", widths=(3, 3, 3)).step_time(b).terms
+    assert sa["gdn_commit"] == 0.0  # the next step reads the accepted slot: no copy
+    assert rc["gdn_commit"] > 0.0  # rebuild the accepted state: read + write one state
+    assert sa["gdn_verify"] > 5 * rc["gdn_verify"]  # 41 state reads/writes vs 1 read + pseudo-values
+    assert sa["gdn_verify"] + sa["gdn_commit"] > rc["gdn_verify"] + rc["gdn_commit"]
+    rp = analytic(policy="replay")
+    assert rp.step_time(decode(64, replay_tokens=0, flush_seqs=0)).terms["gdn_commit"] == 0.0
+    assert rp.step_time(decode(64, replay_tokens=256, flush_seqs=16)).terms["gdn_commit"] > 0.0
+
+
+def test_tensor_parallel_all_reduce():
+    assert analytic("qwen3.5-35b-a3b").step_time(decode(32)).terms["allreduce"] == 0.0
+    assert analytic("qwen3.5-397b-a17b").step_time(decode(32)).terms["allreduce"] > 0.0
+
+
+def test_eager_launches_cost_only_beyond_gpu_time():
+    lat = analytic()
+    small_graph, small_eager = lat.step_time(decode(1)), lat.step_time(decode(1, eager=True))
+    assert small_graph.terms["overhead"] == pytest.approx(STEP_OVERHEAD_S)
+    assert small_eager.terms["overhead"] >= small_graph.terms["overhead"]
+    assert small_eager.mode == "eager" and small_graph.mode == "graph"
+    big = lat.step_time(decode(512, context=8000, eager=True))
+    assert big.terms["overhead"] == pytest.approx(STEP_OVERHEAD_S)  # launches hide behind the GPU work
+
+
+def test_make_latency_model_sources():
+    m = load_model("qwen3.5-35b-a3b")
+    hw = load_hardware("h200").model_copy(update={"calibration_dir": None})
+    p = make_policy(m, load_policy("store_all"))
+    lat = make_latency_model(m, hw, p, EngineConfig())
+    assert lat.sources.summary() == "analytic"
+    lat = make_latency_model(m, hw, p, EngineConfig(step_overhead_us=250))
+    assert lat.sources.by_term["overhead"] == "config" and lat.sources.summary() == "mixed"
+    assert lat.step_time(decode(1)).terms["overhead"] == pytest.approx(250e-6)
