@@ -1,0 +1,1 @@
+"""Triton kernels of the GDN state-commit policies (needs torch and triton; the simulator never imports this)."""

@@ -1,0 +1,421 @@
+"""Time verify and commit of every policy per GDN layer on a GPU, against the copy roofline.
+
+    python3 -m policies.kernels.bench --out results/calibration/h200 [--quick] [--git-commit SHA]
+
+Writes kernels.csv (one row per model, policy, B, tree, mode) and
+kernels_provenance.json (GPU, versions, command, copy bandwidth, the triangular
+solve's time against T, the fla reference). Graph timings: a CUDA graph of
+back-to-back calls on distinct buffers (at least 512 MB together, so each call starts
+with a cold L2), median over replays divided by the calls per graph. Eager timings:
+the same calls launched from Python one by one (argument checks off), median.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import triton
+
+from policies.kernels import reconstruct, replay, store_all
+from policies.kernels.inputs import chain, full, random_inputs, rel_err
+from policies.kernels.treewy import MAX_POSITIONS, lengths_or_full, solve, tree_prep, wy_verify
+
+DEVICE = "cuda"
+D = 128                       # head dim (d_k = d_v) of both models
+MODELS = {                    # per GDN layer on one GPU: (q/k heads, v heads)
+    "qwen3.5-35b-a3b": (16, 32),
+    "qwen3.5-397b-a17b": (2, 8),  # tensor parallel 8: 16/8 q/k heads, 64/8 v heads
+}
+BATCHES = (1, 8, 32, 64, 128, 256)
+TREES = {"1,1,1": (1, 1, 1), "1,1,1,1,1,1,1": (1,) * 7, "2,2,2": (2, 2, 2), "3,3,3": (3, 3, 3),
+         "4,4,4": (4, 4, 4)}
+CHAINS = (2, 16, 32, 64)      # extra chains (positions T), beside (1,1,1) = 4 and (1,)*7 = 8
+FLUSH_INTERVAL = 4            # replay's m: flush every 4th commit
+COLD_BYTES = 512 << 20        # distinct buffers per graph, so L2 (60 MB) starts cold
+MAX_COPIES = 128              # at B = 1 that is still 80-320 MB of distinct buffers
+MAX_FOOTPRINT = 40 << 30      # one call's buffers; larger cases are skipped (listed in provenance)
+FIELDS = ["model", "policy", "B", "T", "tree", "depth", "replayed_tokens", "flush", "mode", "verify_us",
+          "commit_us", "total_us", "verify_bytes", "commit_bytes", "bytes", "gbs", "pct_of_copy_bw",
+          "extra_mem_bytes", "copies"]
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    hk: int
+    hv: int
+    B: int
+    tree: str
+    parents: tuple[int, ...]
+
+    @property
+    def T(self) -> int:
+        return len(self.parents)
+
+    @property
+    def depth(self) -> int:
+        d = [0] * self.T
+        for t in range(1, self.T):
+            d[t] = d[self.parents[t]] + 1
+        return max(d)
+
+
+def cases(quick: bool) -> list[Case]:
+    """Smallest batches first, both models per batch: a run cut by --budget-s loses the largest B."""
+    out = []
+    for B in ((1, 128) if quick else BATCHES):
+        for model, (hk, hv) in MODELS.items():
+            if quick and model != "qwen3.5-35b-a3b":
+                continue
+            for name, w in TREES.items():
+                if quick and name not in ("1,1,1", "3,3,3"):
+                    continue
+                out.append(Case(model, hk, hv, B, name, tuple(full(w))))
+            for T in (() if quick else CHAINS):
+                out.append(Case(model, hk, hv, B, "chain", tuple(chain(T))))
+    return out
+
+
+# ---------------------------------------------------------------- bytes each call must move
+def _sizes(c: Case) -> dict[str, int]:
+    return dict(S=c.B * c.hv * D * D * 4,                                   # float32 state
+                inp=c.B * c.T * (2 * c.hk * D * 2 + c.hv * D * 2 + 2 * c.hv * 4),  # bf16 q,k,v; f32 g,beta
+                o=c.B * c.T * c.hv * D * 2, u=c.B * c.T * c.hv * D * 4,
+                path_uk=c.B * (c.depth + 1) * (c.hv * D * 4 + c.hk * D * 2))
+
+
+def policy_bytes(c: Case, policy: str, replayed: int, flush: bool) -> tuple[int, int]:
+    s = _sizes(c)
+    if policy == "store_all":
+        return s["S"] * (1 + c.T) + s["inp"] + s["o"], 2 * s["S"]
+    if policy == "reconstruct":
+        return s["S"] + s["inp"] + s["o"] + s["u"], 2 * s["S"] + s["path_uk"]
+    per_tok_cache = c.B * (c.hk * D * 2 + c.hv * D * 2 + 2 * c.hv * 4)
+    per_tok_u = c.B * c.hv * D * 4
+    verify = s["S"] + s["inp"] + replayed * per_tok_cache + s["o"] + s["u"] + replayed * per_tok_u
+    if flush:
+        commit = 2 * s["S"] + s["path_uk"] + replayed * c.B * (c.hv * D * 4 + c.hk * D * 2)
+    else:
+        commit = 2 * (c.depth + 1) * per_tok_cache
+    return verify, commit
+
+
+# ---------------------------------------------------------------- timing
+def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 20) -> float:
+    """Device-to-device copy, bytes read + written per second (eager torch copy_, see ANCHORS.md)."""
+    src = torch.randn(nbytes // 4, device=DEVICE)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        dst.copy_(src)
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) / 1e3)
+    del src, dst
+    return 2 * nbytes / statistics.median(times)
+
+
+def time_graph(calls: list[Callable[[], object]], reset: Callable[[], None] | None = None, reps: int = 8) -> float:
+    """Median microseconds per call of a captured graph of `calls`, back to back."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for f in calls:
+            f()
+        if reset:
+            reset()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for f in calls:
+            f()
+    times = []
+    for _ in range(reps + 2):
+        if reset:
+            reset()       # outside the timed region
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        graph.replay()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3 / len(calls))
+    del graph
+    return statistics.median(times[2:])
+
+
+def time_eager(call: Callable[[int], object], copies: int, reset: Callable[[], None] | None = None,
+               reps: int = 3) -> float:
+    times = []
+    for r in range(reps + 1):
+        if reset:
+            reset()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call(r % copies)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times[1:])
+
+
+# ---------------------------------------------------------------- one case, one policy
+def make_copy(c: Case, seed: int) -> dict[str, torch.Tensor]:
+    """One set of verify inputs on the GPU: bf16 q, k, v; float32 g, beta, state."""
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    B, T = c.B, c.T
+    return dict(q=torch.randn(B, T, c.hk, D, device=DEVICE, generator=gen).div_(D ** 0.5).bfloat16(),
+                k=torch.nn.functional.normalize(torch.randn(B, T, c.hk, D, device=DEVICE, generator=gen), dim=-1).bfloat16(),
+                v=torch.randn(B, T, c.hv, D, device=DEVICE, generator=gen).bfloat16(),
+                g=-torch.rand(B, T, c.hv, device=DEVICE, generator=gen),
+                beta=torch.rand(B, T, c.hv, device=DEVICE, generator=gen) * 0.98 + 0.01,
+                parent=torch.tensor(c.parents, dtype=torch.int32, device=DEVICE).expand(B, T).contiguous(),
+                state=torch.randn(B, c.hv, D, D, device=DEVICE, generator=gen), lengths=None)
+
+
+def fill_cache(rs: replay.ReplayState, seed: int) -> None:
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    rs.k.copy_(torch.nn.functional.normalize(torch.randn(rs.k.shape, device=DEVICE, generator=gen), dim=-1))
+    rs.v.normal_(generator=gen)
+    rs.g.uniform_(-1.0, 0.0, generator=gen)
+    rs.beta.uniform_(0.01, 0.99, generator=gen)
+
+
+def run_policy(c: Case, policy: str, replayed: int, flush: bool, copy_bw: float) -> list[dict]:
+    mods = {"store_all": store_all, "reconstruct": reconstruct, "replay": replay}
+    mod = mods[policy]
+    vb, cb = policy_bytes(c, policy, replayed, flush)
+    per_call = vb  # every policy's verify touches all of its buffers once
+    if per_call > MAX_FOOTPRINT:
+        return []
+    copies = 1 if per_call > (8 << 30) else min(MAX_COPIES, max(2, math.ceil(COLD_BYTES / per_call)))
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    xs = [make_copy(c, seed) for seed in range(copies)]
+    acc = torch.full((c.B,), c.T - 1, dtype=torch.int32, device=DEVICE)  # deepest node: longest path
+    rss: list[replay.ReplayState | None] = [None] * copies
+    torch.cuda.synchronize()
+    inputs_mem = torch.cuda.memory_allocated()
+
+    def state_arg(i: int):
+        if policy != "replay":
+            return xs[i]["state"]
+        if rss[i] is None:
+            m = FLUSH_INTERVAL if replayed else 1
+            rss[i] = replay.ReplayState.start(xs[i]["state"], flush_interval=m, max_path=c.depth + 1, hk=c.hk)
+            if replayed:
+                fill_cache(rss[i], 100 + i)
+        return rss[i]
+
+    def set_phase(i: int) -> None:
+        """Replay: a full cache before a flush; one path short of full before an append."""
+        if policy == "replay":
+            rs = rss[i]
+            rs.count.fill_(rs.capacity - (0 if flush else c.depth + 1))
+            rs.steps = rs.flush_interval - 1 if flush else 0
+
+    # Extra memory of one step (persistent replay cache included): allocator peak over the inputs.
+    torch.cuda.reset_peak_memory_stats()
+    o, ctx = mod.verify(**{**xs[0], "state": state_arg(0)}, check=False)
+    set_phase(0)
+    mod.commit(ctx, acc, check=False)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - inputs_mem
+    del o, ctx
+    for i in range(copies):
+        state_arg(i)
+
+    def reset() -> None:
+        for i in range(copies):
+            set_phase(i)
+
+    verify_calls = [lambda i=i: mod.verify(**{**xs[i], "state": state_arg(i)}, check=False) for i in range(copies)]
+    reset()
+    ctxs = [f()[1] for f in verify_calls]
+    commit_calls = [lambda i=i: mod.commit(ctxs[i], acc, check=False) for i in range(copies)]
+    rows = []
+    for mode in ("graph", "eager"):
+        reset()
+        if mode == "graph":
+            # Phase fixed before capture: the captured commit is the flush or the append.
+            v_us = time_graph(verify_calls)
+            c_us = time_graph(commit_calls, reset=reset)
+        else:
+            v_us = time_eager(lambda i: verify_calls[i](), copies)
+            c_us = time_eager(lambda i: commit_calls[i](), copies, reset=reset)
+        total = v_us + c_us
+        rows.append(dict(model=c.model, policy=policy, B=c.B, T=c.T, tree=c.tree, depth=c.depth,
+                         replayed_tokens=replayed, flush=int(flush), mode=mode, verify_us=round(v_us, 2),
+                         commit_us=round(c_us, 2), total_us=round(total, 2), verify_bytes=vb, commit_bytes=cb,
+                         bytes=vb + cb, gbs=round((vb + cb) / total / 1e3, 1),
+                         pct_of_copy_bw=round(100 * (vb + cb) / (total * 1e-6) / copy_bw, 1),
+                         extra_mem_bytes=extra, copies=copies))
+    del xs, ctxs, rss, verify_calls, commit_calls
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    if torch.cuda.memory_allocated() > base + (64 << 20):
+        print(f"warning: {(torch.cuda.memory_allocated() - base) >> 20} MiB still allocated after {c}", flush=True)
+    return rows
+
+
+def policy_variants(c: Case) -> list[tuple[str, int, bool]]:
+    """(policy, replayed tokens, commit flushes). Replay: a cache just flushed (m = 1, every
+    commit flushes) and one holding m - 1 steps of accepted paths, committed both ways."""
+    full_cache = (FLUSH_INTERVAL - 1) * (c.depth + 1)
+    out = [("store_all", 0, True), ("reconstruct", 0, True), ("replay", 0, True)]
+    if full_cache + c.T <= MAX_POSITIONS:
+        out += [("replay", full_cache, False), ("replay", full_cache, True)]
+    return out
+
+
+# ---------------------------------------------------------------- extras for the provenance
+def solve_vs_T(B: int = 64, model: str = "qwen3.5-35b-a3b") -> list[dict]:
+    """reconstruct verify on chains, kernel by kernel (graph timing): the tree prep, the
+    triangular solve (never reads the state) and the pass over the state."""
+    hk, hv = MODELS[model]
+    out = []
+    for T in (1, 2, 4, 8, 16, 32, 64, 128):
+        c = Case(model, hk, hv, B, "chain", tuple(chain(T)))
+        copies = max(2, math.ceil(COLD_BYTES / policy_bytes(c, "reconstruct", 0, True)[0]))
+        xs = [make_copy(c, s) for s in range(copies)]
+        for x in xs:
+            x["lengths"] = lengths_or_full(None, B, T, DEVICE)
+            x["mask"], x["gc"] = tree_prep(x["parent"], x["lengths"], x["g"])
+        t = dict(prep=[lambda x=x: tree_prep(x["parent"], x["lengths"], x["g"]) for x in xs],
+                 solve=[lambda x=x: solve(x["q"], x["k"], x["v"], x["beta"], x["mask"], x["gc"], x["lengths"])
+                        for x in xs],
+                 verify=[lambda x=x: wy_verify(x["q"], x["k"], x["v"], x["g"], x["beta"], x["parent"], x["state"],
+                                               x["lengths"]) for x in xs])
+        row = dict(model=model, B=B, T=T)
+        row.update({f"{name}_us": round(time_graph(calls), 2) for name, calls in t.items()})
+        out.append(row)
+        del xs, t
+    return out
+
+
+def fla_reference(copy_bw: float) -> dict:
+    """fla's fused_recurrent_gated_delta_rule on chains (final state only), if the wheel is there."""
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+    except Exception as exc:  # an outside reference: its absence is reported, not fatal
+        return {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
+    import fla
+    res = {"available": True, "version": fla.__version__, "rows": []}
+    model = "qwen3.5-35b-a3b"
+    hk, hv = MODELS[model]
+    for B in BATCHES:
+        for T in (4, 16):
+            c = Case(model, hk, hv, B, "chain", tuple(chain(T)))
+            s = _sizes(c)
+            nbytes = 2 * s["S"] + s["inp"] + s["o"]
+            copies = max(2, math.ceil(COLD_BYTES / nbytes))
+            xs = [make_copy(c, i) for i in range(copies)]
+            calls = [lambda x=x: fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"],
+                                                                  scale=1.0, initial_state=x["state"],
+                                                                  output_final_state=True, state_v_first=True)
+                     for x in xs]
+            us = time_graph(calls)
+            o_fla, s_fla = calls[0]()
+            o_ours, ctx = reconstruct.verify(**{**xs[0], "state": xs[0]["state"].clone()}, check=False)
+            s_ours = reconstruct.commit(ctx, torch.full((B,), T - 1, dtype=torch.int32, device=DEVICE), check=False)
+            res["rows"].append(dict(model=model, B=B, T=T, us=round(us, 2), bytes=nbytes,
+                                    pct_of_copy_bw=round(100 * nbytes / (us * 1e-6) / copy_bw, 1),
+                                    rel_err_o_vs_reconstruct=rel_err(o_ours.float(), o_fla.float()),
+                                    rel_err_state_vs_reconstruct=rel_err(s_ours, s_fla)))
+            del xs, calls
+    return res
+
+
+def environment(args: argparse.Namespace) -> dict:
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                         capture_output=True, text=True)
+    p = torch.cuda.get_device_properties(0)
+    return dict(gpu=torch.cuda.get_device_name(0), sms=p.multi_processor_count,
+                l2_bytes=getattr(p, "L2_cache_size", None), nvidia_smi=smi.stdout.strip(),
+                torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda,
+                python=platform.python_version(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                git_commit=args.git_commit, command=" ".join([os.path.basename(sys.executable)] + sys.argv),
+                dot_precision=os.environ.get("GDN_DOT_PRECISION", "tf32x3"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m policies.kernels.bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, type=Path, help="folder for kernels.csv and kernels_provenance.json")
+    ap.add_argument("--quick", action="store_true", help="35B only, B in {1, 128}, trees (1,1,1) and (3,3,3)")
+    ap.add_argument("--budget-s", type=float, default=0.0,
+                    help="start no new case after this many seconds (0: no limit); the rest is listed as not run")
+    ap.add_argument("--git-commit", default=os.environ.get("GIT_COMMIT", "unknown"),
+                    help="commit of the code measured (the device copy has no .git)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench: needs a CUDA GPU (run it through the device tool)", file=sys.stderr)
+        return 2
+    t_start = time.time()
+    args.out.mkdir(parents=True, exist_ok=True)
+    prov = environment(args)
+    copy_bw = copy_bandwidth()
+    prov["copy_bw_bytes_per_s"] = copy_bw
+    print(f"copy bandwidth {copy_bw / 1e12:.3f} TB/s (1 GiB device-to-device, read + write)", flush=True)
+    prov["bytes_formula"] = {
+        "store_all": "verify S(1+T) + inputs + o; commit 2S (read the accepted slot, write the state)",
+        "reconstruct": "verify S + inputs + o + u; commit 2S + path (u, k)",
+        "replay": "verify S + inputs + cached inputs + o + u (cache + tree); commit flush 2S + path (u, k) over "
+                  "cache + path, append 2 x path inputs",
+        "units": "S = B Hv 128 128 x 4 (float32 state); q, k, v, o bf16; g, beta, u float32",
+    }
+    prov_path = args.out / "kernels_provenance.json"
+    prov["solve_vs_T"] = solve_vs_T(B=64)
+    for r in prov["solve_vs_T"]:
+        print("solve", r, flush=True)
+    try:
+        prov["fla_fused_recurrent"] = fla_reference(copy_bw)
+    except Exception as exc:  # an outside reference failing must not lose our own measurements
+        prov["fla_fused_recurrent"] = {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
+    print("fla", json.dumps(prov["fla_fused_recurrent"])[:3000], flush=True)
+    prov_path.write_text(json.dumps(prov, indent=1) + "\n")  # partial, rewritten at the end
+    skipped = []
+    csv_path = args.out / "kernels.csv"
+    with csv_path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=FIELDS)
+        w.writeheader()
+        for c in cases(args.quick):
+            if args.budget_s and time.time() - t_start > args.budget_s:
+                skipped.append(f"{c.model} B={c.B} T={c.T} {c.tree}: not run (time budget {args.budget_s:.0f} s)")
+                continue
+            for policy, replayed, flush in policy_variants(c):
+                rows = run_policy(c, policy, replayed, flush, copy_bw)
+                if not rows:
+                    skipped.append(f"{c.model} {policy} B={c.B} T={c.T}: one call's buffers exceed {MAX_FOOTPRINT >> 30} GiB")
+                for r in rows:
+                    w.writerow(r)
+                    if r["mode"] == "graph":
+                        print(f"{c.model[:14]:14} {policy:11} r={replayed:<3} f={int(flush)} B={c.B:<3} T={c.T:<3} "
+                              f"{c.tree:14} verify {r['verify_us']:9.1f} commit {r['commit_us']:8.1f} us "
+                              f"{r['pct_of_copy_bw']:5.1f}% extra {r['extra_mem_bytes'] / 2**20:9.1f} MiB", flush=True)
+                fh.flush()
+    prov["skipped"] = skipped
+    prov["wall_s"] = round(time.time() - t_start, 1)
+    prov_path.write_text(json.dumps(prov, indent=1) + "\n")
+    print(f"wrote {csv_path} in {prov['wall_s']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

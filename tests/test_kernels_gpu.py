@@ -1,0 +1,107 @@
+"""On the GPU: the kernels at the models' real shapes, and the tree path inside a CUDA graph."""
+import dataclasses
+
+import pytest
+import torch
+
+from policies.kernels import conv, reconstruct, reference as R, replay, store_all
+from policies.kernels.inputs import chain, full, preorder, random_inputs, random_tree, rel_err, star
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def on_gpu(x):
+    return {n: t.cuda() if isinstance(t, torch.Tensor) else t for n, t in x.items()}
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["f32", "bf16"])
+@pytest.mark.parametrize("policy", ["store_all", "reconstruct"])
+def test_real_shapes(policy, dtype, tol):
+    """35B-A3B heads (Hk 16, Hv 32, d 128), a ragged batch of a (3,3,3) tree, a chain of 64, a (4,4,4) tree."""
+    mod = {"store_all": store_all, "reconstruct": reconstruct}[policy]
+    x = on_gpu(random_inputs([full((3, 3, 3)), chain(64), full((4, 4, 4))], hk=16, hv=32, dk=128, dv=128, seed=1,
+                             dtype=dtype))
+    o_ref, states = R.recurrence(**x)
+    o, ctx = mod.verify(**{**x, "state": x["state"].clone()})
+    assert rel_err(o, o_ref) < tol
+    for a in (0, 13, 39, 63, 84):
+        acc = torch.tensor([min(a, 39), min(a, 63), a], dtype=torch.int32, device="cuda")
+        new = mod.commit(dataclasses.replace(ctx, state=x["state"].clone()), acc)
+        assert rel_err(new, states[torch.arange(3), acc.long()]) < tol, a
+
+
+def test_replay_real_shapes():
+    x = on_gpu(random_inputs([full((3, 3, 3))] * 2, hk=2, hv=8, dk=128, dv=128, seed=2))
+    rs = replay.ReplayState.start(x["state"].clone(), flush_interval=2, max_path=4, hk=2, dtype=torch.float32)
+    o_ref, states = R.recurrence(**x)
+    o, ctx = replay.verify(**{**x, "state": rs})
+    assert rel_err(o, o_ref) < 1e-5
+    acc = torch.tensor([39, 5], dtype=torch.int32, device="cuda")
+    rs = replay.commit(ctx, acc)
+    truth = states[torch.arange(2), acc.long()]
+    assert rel_err(replay.materialize(rs), truth) < 1e-5
+    x2 = on_gpu(random_inputs([full((3, 3, 3))] * 2, hk=2, hv=8, dk=128, dv=128, seed=3))
+    o_ref2, _ = R.recurrence(**{**x2, "state": truth})
+    assert rel_err(replay.verify(**{**x2, "state": rs})[0], o_ref2) < 1e-5
+
+
+def test_reconstruct_tree_in_cuda_graph():
+    """Capture verify + commit once for T = 40; replay it for different trees and sizes
+    written into the same device tensors: each replay matches the reference."""
+    T, B = 40, 3
+    static = on_gpu(random_inputs([full((3, 3, 3))] * B, hk=2, hv=4, dk=128, dv=128, seed=4))
+    static["lengths"] = torch.full((B,), T, dtype=torch.int32, device="cuda")
+    acc = torch.zeros(B, dtype=torch.int32, device="cuda")
+    s0 = static["state"].clone()
+
+    def step():
+        static["state"].copy_(s0)
+        o, ctx = reconstruct.verify(**static)
+        return o, reconstruct.commit(ctx, acc)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_out, s_out = step()
+    gen = torch.Generator().manual_seed(5)
+    trees = [[chain(40), full((3, 3, 3)), star(17)], [random_tree(40, gen), preorder(full((3, 3, 3))), [-1]],
+             [full((2, 2, 2)), random_tree(33, gen), chain(12)]]
+    for i, tr in enumerate(trees):
+        x = on_gpu(random_inputs(tr, hk=2, hv=4, dk=128, dv=128, seed=10 + i, T=T))
+        lengths = torch.tensor([len(t) for t in tr], dtype=torch.int32, device="cuda")
+        for name in ("q", "k", "v", "g", "beta", "parent"):
+            static[name].copy_(x[name])
+        static["lengths"].copy_(lengths)
+        s0.copy_(x["state"])
+        accepted = torch.tensor([len(t) - 1 for t in tr], dtype=torch.int32, device="cuda")
+        acc.copy_(accepted)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = {**x, "lengths": lengths}
+        o_ref, states = R.recurrence(**ref)
+        assert rel_err(o_out, o_ref) < 1e-5, i
+        assert rel_err(s_out, states[torch.arange(B), accepted.long()]) < 1e-5, i
+
+
+@pytest.mark.parametrize("policy", ["store_all", "reconstruct"])
+def test_conv_real_width(policy):
+    """35B-A3B's conv width (2 x 16 x 128 + 32 x 128 channels), a (3,3,3) tree and a chain."""
+    trees, C = [full((3, 3, 3)), chain(5)], 2 * 16 * 128 + 32 * 128
+    gen = torch.Generator().manual_seed(7)
+    parent = torch.full((2, 40), -1, dtype=torch.int32)
+    for b, t in enumerate(trees):
+        parent[b, :len(t)] = torch.tensor(t, dtype=torch.int32)
+    x = on_gpu(dict(x=torch.randn(2, 40, C, generator=gen).bfloat16(), weight=torch.randn(C, 4, generator=gen),
+                    parent=parent, conv_state=torch.randn(2, C, 3, generator=gen).bfloat16(),
+                    lengths=torch.tensor([40, 5], dtype=torch.int32), bias=None))
+    y_ref, states = R.tree_conv(**x)
+    verify, commit = {"store_all": (conv.store_all_verify, conv.store_all_commit),
+                      "reconstruct": (conv.reconstruct_verify, conv.reconstruct_commit)}[policy]
+    y, ctx = verify(**{**x, "conv_state": x["conv_state"].clone()})
+    assert rel_err(y, y_ref) < 2e-2
+    acc = torch.tensor([39, 4], dtype=torch.int32, device="cuda")
+    assert rel_err(commit(ctx, acc), states[torch.arange(2), acc.long()]) < 1e-2

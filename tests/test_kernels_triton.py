@@ -1,0 +1,156 @@
+"""Triton kernels against the float64 literal recurrence (CPU: TRITON_INTERPRET=1).
+
+Every case checks the outputs and the committed state for every accepted position;
+new tensors are NaN-poisoned, so an unwritten element fails.
+"""
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from policies.kernels import reconstruct, reference as R, replay, store_all
+from policies.kernels.inputs import chain, full, preorder, random_inputs, rel_err, star
+
+pytestmark = pytest.mark.usefixtures("nan_poison")
+POLICIES = {"store_all": store_all, "reconstruct": reconstruct}
+F32, BF16 = 1e-5, 2e-2
+
+
+def fresh(x):
+    return {**x, "state": x["state"].clone()}
+
+
+def check_policy(policy, x, tol, nodes=None):
+    """Outputs, then commit from the same verify for each accepted node (a fresh target state each time)."""
+    o_ref, states = R.recurrence(**x)
+    mod = POLICIES[policy]
+    o, ctx = mod.verify(**fresh(x))
+    assert not torch.isnan(o).any()
+    err = rel_err(o, o_ref)
+    assert err < tol, f"outputs: {err:.2e}"
+    B, T = x["parent"].shape
+    n = [T] * B if x["lengths"] is None else x["lengths"].tolist()
+    for a in nodes if nodes is not None else range(T):
+        acc = torch.tensor([min(a, m - 1) for m in n], dtype=torch.int32)
+        new = mod.commit(dataclasses.replace(ctx, state=x["state"].clone()), acc)
+        assert not torch.isnan(new).any()
+        err = rel_err(new, states[torch.arange(B), acc.long()])
+        assert err < tol, f"state at node {a}: {err:.2e}"
+
+
+CASES = {
+    # name: (trees, hk, hv, d)
+    "chain7-d128": ([chain(7)], 1, 1, 128),
+    "full222-d128": ([full((2, 2, 2))], 1, 1, 128),
+    "T1": ([[-1]] * 2, 1, 1, 16),
+    "star9": ([star(9)], 1, 2, 16),
+    "full333-ragged-grouped": ([full((3, 3, 3)), preorder(full((2, 2, 2))), [-1]], 1, 2, 16),
+    "deep65": ([chain(65)], 1, 1, 16),
+}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("case", CASES)
+def test_float32_against_float64(policy, case):
+    trees, hk, hv, d = CASES[case]
+    x = random_inputs(trees, hk=hk, hv=hv, dk=d, dv=d, seed=10)
+    nodes = [0, 1, 31, 32, 63, 64] if case == "deep65" else None
+    check_policy(policy, x, F32, nodes)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_bf16_inputs(policy):
+    x = random_inputs([full((2, 2, 2)), chain(4)], hk=1, hv=2, dk=32, dv=32, seed=11, dtype=torch.bfloat16)
+    check_policy(policy, x, BF16, nodes=[0, 3, 14])
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@settings(max_examples=4, deadline=None)
+@given(parents=st.lists(st.integers(0, 10 ** 6), min_size=1, max_size=24), seed=st.integers(0, 1000))
+def test_random_trees(policy, parents, seed):
+    tree = [-1] + [r % (t + 1) for t, r in enumerate(parents)]
+    x = random_inputs([tree], hk=1, hv=1, dk=16, dv=16, seed=seed)
+    check_policy(policy, x, F32)
+
+
+def test_poisoned_outputs_would_fail():
+    """The fixture is live: a fresh output reads NaN, which rel_err turns into a failure."""
+    assert torch.isnan(torch.empty(3)).all()
+    assert not rel_err(torch.empty(3), torch.ones(3)) < F32
+
+
+@pytest.mark.parametrize("flush_interval", [1, 3])
+def test_replay_steps_match_recurrence(flush_interval):
+    """Four verify/commit steps on a ragged batch: outputs each step and the materialised
+    state after each commit equal the literal recurrence carried across steps."""
+    trees = [full((2, 2)), chain(5)]
+    truth = None
+    rs = None
+    for step in range(4):
+        x = random_inputs(trees, hk=1, hv=1, dk=16, dv=16, seed=20 + step, T=7)
+        if rs is None:
+            truth = x["state"].double()
+            rs = replay.ReplayState.start(x["state"].clone(), flush_interval=flush_interval, max_path=5, hk=1,
+                                          dtype=torch.float32)
+        o_ref, states = R.recurrence(**{**x, "state": truth})
+        o, ctx = replay.verify(**{**x, "state": rs})
+        assert rel_err(o, o_ref) < F32, f"step {step} outputs"
+        acc = torch.tensor([(2 * step + 1) % 7, (step + 2) % 5], dtype=torch.int32)
+        rs = replay.commit(ctx, acc)
+        truth = states[torch.arange(2), acc.long()]
+        assert rs.steps == (step + 1) % flush_interval
+        assert rel_err(replay.materialize(rs), truth) < F32, f"step {step} state"
+
+
+def test_replay_bf16_cache():
+    """k and v cached in bf16 (the default): the error stays within bf16 tolerance."""
+    x = random_inputs([full((2, 2))], hk=1, hv=1, dk=16, dv=16, seed=30)
+    rs = replay.ReplayState.start(x["state"].clone(), flush_interval=2, max_path=3, hk=1)
+    _, states = R.recurrence(**x)
+    rs = replay.commit(replay.verify(**{**x, "state": rs})[1], torch.tensor([5], dtype=torch.int32))
+    assert rel_err(replay.materialize(rs), states[:, 5]) < BF16
+
+
+BAD = {
+    "q-rank": (lambda x: x.update(q=x["q"][0]), "q"),
+    "hv-multiple": (lambda x: x.update(v=x["v"][:, :, :3], g=x["g"][:, :, :3], beta=x["beta"][:, :, :3],
+                                       state=x["state"][:, :3]), "Hv"),
+    "root": (lambda x: x["parent"].__setitem__((0, 0), 0), r"parent\[:, 0\]"),
+    "not-parent-first": (lambda x: x["parent"].__setitem__((0, 2), 4), "parent-first"),
+    "beta-shape": (lambda x: x.update(beta=x["beta"][..., :1]), "beta"),
+}
+
+
+@pytest.mark.parametrize("policy", [*POLICIES, "replay"])
+@pytest.mark.parametrize("bad", BAD)
+def test_bad_input_names_argument(policy, bad):
+    x = random_inputs([full((2, 2))], hk=2, hv=4, dk=16, dv=16, seed=40)
+    change, pattern = BAD[bad]
+    change(x)
+    with pytest.raises(ValueError, match=pattern):
+        if policy == "replay":
+            rs = replay.ReplayState.start(x["state"], flush_interval=2, max_path=3, hk=x["k"].shape[2])
+            replay.verify(**{**x, "state": rs})
+        else:
+            POLICIES[policy].verify(**x)
+
+
+@pytest.mark.parametrize("policy", [*POLICIES, "replay"])
+@pytest.mark.parametrize("accepted", [[7], [-1], [0, 0]])
+def test_accepted_out_of_range(policy, accepted):
+    x = random_inputs([full((2, 2))], hk=1, hv=1, dk=16, dv=16, seed=41)
+    if policy == "replay":
+        o, ctx = replay.verify(**{**x, "state": replay.ReplayState.start(x["state"], 2, 3, hk=1)})
+        commit = replay.commit
+    else:
+        o, ctx = POLICIES[policy].verify(**x)
+        commit = POLICIES[policy].commit
+    with pytest.raises(ValueError, match="accepted"):
+        commit(ctx, torch.tensor(accepted, dtype=torch.int32))
+
+
+def test_kernel_dims_must_be_powers_of_two():
+    x = random_inputs([chain(3)], hk=1, hv=1, dk=24, dv=16, seed=42)
+    with pytest.raises(ValueError, match="Dk"):
+        reconstruct.verify(**x)
