@@ -15,7 +15,9 @@ A step is priced as the sum of its measured parts, per GPU:
                one-GPU machines were lent)
   overhead   = host time of a real step beyond its GPU time (input upload, graph
                launch, token download, sync), from the whole-step check
-Graph or eager tables are chosen by `batch.eager`. `context` is the batch's mean
+Graph or eager tables are chosen by `batch.eager`; an eager step is vLLM's piecewise
+mode (dense parts from graph tables, attention/GDN cores and kernels from eager
+ones) unless `piecewise=False`. `context` is the batch's mean
 context per scheduled request. A derived hardware profile (e.g. B200) scales each
 calibrated piece by its `scaling` factor, memory- or compute-bound by its arithmetic
 intensity against the source GPU's ridge point. Terms with no table come from the
@@ -50,8 +52,9 @@ def _tree_key(text: Any) -> tuple[int, ...] | None:
 class CalibratedLatencyModel:
     def __init__(self, model: ModelConfig, hw: HardwareConfig, policy: CommitPolicy, engine_cfg: EngineConfig,
                  tables: dict[tuple[str, str], GridInterpolator], kernels: dict[str, Any],
-                 overhead_us: dict[str, float], fallback: LatencyModel | None) -> None:
+                 overhead_us: float | None, fallback: LatencyModel | None, piecewise: bool = True) -> None:
         self.model, self.hw, self.policy, self.fallback = model, hw, policy, fallback
+        self.piecewise = piecewise
         self.tables = tables
         self.kernels = kernels
         self.tp = model.tensor_parallel
@@ -81,9 +84,11 @@ class CalibratedLatencyModel:
             src["allreduce"] = "analytic"
         if engine_cfg.step_overhead_us is not None:
             src["overhead"] = "config"
-            overhead_us = {m: engine_cfg.step_overhead_us for m in MODES}
-        elif not overhead_us:
+            overhead_us = engine_cfg.step_overhead_us
+        elif overhead_us is None:
             src["overhead"] = "analytic"
+        elif hw.derived:
+            overhead_us *= self.scale.get("overhead", 1.0)
         self.overhead_us = overhead_us
         if any(v == "analytic" for v in src.values()) and fallback is None:
             missing = [t for t, v in src.items() if v == "analytic" and t != "allreduce"]
@@ -98,8 +103,12 @@ class CalibratedLatencyModel:
     @classmethod
     def load(cls, model: ModelConfig, hw: HardwareConfig, policy: CommitPolicy | PolicyConfig,
              engine_cfg: EngineConfig, fallback: LatencyModel | None = None, *,
-             extrapolate: bool = True) -> "CalibratedLatencyModel | None":
-        """The model for these tables, or None when hw has no calibration for this model."""
+             extrapolate: bool = True, piecewise: bool = True) -> "CalibratedLatencyModel | None":
+        """The model for these tables, or None when hw has no calibration for this model.
+
+        piecewise=False prices an eager step as fully eager (every layer from the eager
+        tables), as the harness's whole-step check runs it.
+        """
         if not hw.calibration_dir:
             return None
         root = REPO_ROOT / hw.calibration_dir
@@ -110,7 +119,7 @@ class CalibratedLatencyModel:
             policy = make_policy(model, policy)
         tables = load_tables(mdir, extrapolate=extrapolate)
         kernels = load_kernels(root / "kernels.csv", model, policy, extrapolate=extrapolate)
-        return cls(model, hw, policy, engine_cfg, tables, kernels, load_overhead(mdir), fallback)
+        return cls(model, hw, policy, engine_cfg, tables, kernels, load_overhead(mdir), fallback, piecewise)
 
     # ------------------------------------------------------------------ helpers
     def _t(self, table: str, mode: str, x: float) -> float:
@@ -154,6 +163,14 @@ class CalibratedLatencyModel:
         curves = self.kernels[which].get(mode) or next(iter(self.kernels[which].values()))
         return curves.partial()(seqs)
 
+    def out_of_grid(self) -> dict[str, int]:
+        """Queries outside the measured grids so far, by table and side ('attn_decode[graph].B_high': n)."""
+        tabs = list(self.tables.values()) + [c for k in ("verify", "commit", "append") if k in self.kernels
+                                             for c in self.kernels[k].values()]
+        if "replay" in self.kernels:
+            tabs += list(self.kernels["replay"][1].values())
+        return {f"{t.name}.{side}": n for t in tabs for side, n in t.out_of_grid.items()}
+
     # ------------------------------------------------------------------ the step
     def step_time(self, b: StepBatch) -> StepTime:
         # Everything but the attention core depends on integer batch fields only, so that
@@ -179,6 +196,9 @@ class CalibratedLatencyModel:
     def _build(self, b: StepBatch) -> tuple[dict[str, float], list[tuple[str, float, Curve1D]], tuple[str, ...]]:
         """Context-free microseconds per term, context-dependent parts, terms left to the fallback."""
         mode = "eager" if b.eager else "graph"
+        # vLLM runs an eager step piecewise: the dense parts between the attention and
+        # GDN cores replay as CUDA graphs, the cores launch eagerly.
+        dense = "graph" if self.piecewise else mode
         n = b.num_tokens
         m = self.model
         us: dict[str, float] = dict.fromkeys(TERMS, 0.0)
@@ -190,25 +210,25 @@ class CalibratedLatencyModel:
 
         dec_tok = b.decode_tokens
         per_seq = dec_tok / b.decode_seqs if b.decode_seqs else 0.0
-        us["gdn"] = m.gdn_layers * self._tok("gdn", mode, n)
-        us["attention"] = m.attn_layers * self._tok("attn_proj", mode, n)
+        us["gdn"] = m.gdn_layers * self._tok("gdn", dense, n)
+        us["attention"] = m.attn_layers * self._tok("attn_proj", dense, n)
         for term, coef in (("attention", m.attn_layers), ("drafter", 1.0 if b.draft_depth and b.spec_seqs else 0.0)):
             if coef:
                 add(term, self._decode_curve(mode, b.decode_seqs, per_seq, coef))
                 add(term, self._prefill_curve(mode, b.prefill_seqs, b.prefill_tokens, coef))
-        us["moe"] = m.num_layers * self._moe(mode, n)
-        us["lm_head"] = self._tok("lm_head", mode, dec_tok + b.prefill_seqs)
+        us["moe"] = m.num_layers * self._moe(dense, n)
+        us["lm_head"] = self._tok("lm_head", dense, dec_tok + b.prefill_seqs)
         allreduce = 2 * m.num_layers * self._allreduce(n)
 
         if b.draft_depth and b.spec_seqs:
-            d = self._tok("mtp_fc", mode, n) + self._tok("attn_proj", mode, n) + self._moe(mode, n) \
-                + self._tok("lm_head", mode, b.spec_seqs)
+            d = self._tok("mtp_fc", dense, n) + self._tok("attn_proj", dense, n) + self._moe(dense, n) \
+                + self._tok("lm_head", dense, b.spec_seqs)
             allreduce += 2 * self._allreduce(n)
             for depth in range(1, b.draft_depth):
                 width = self.nodes_per_depth[min(depth, len(self.nodes_per_depth)) - 1]
                 r = b.spec_seqs * width
-                d += (self._tok("mtp_fc", mode, r) + self._tok("attn_proj", mode, r) + self._moe(mode, r)
-                      + self._tok("lm_head", mode, r))
+                d += (self._tok("mtp_fc", dense, r) + self._tok("attn_proj", dense, r) + self._moe(dense, r)
+                      + self._tok("lm_head", dense, r))
                 add("drafter", self._decode_curve(mode, b.spec_seqs, width, 1.0))
                 allreduce += 2 * self._allreduce(r)
             us["drafter"] = d
@@ -232,8 +252,7 @@ class CalibratedLatencyModel:
         if self.sources.by_term["overhead"] == "analytic":
             fallback.append("overhead")
         else:
-            us["overhead"] = self.overhead_us.get(mode, self.overhead_us.get("graph", 0.0)) * \
-                (self.scale.get("overhead", 1.0) if self.derived else 1.0)
+            us["overhead"] = self.overhead_us
         return us, parts, tuple(fallback)
 
     def _analytic_prefill_recurrence_s(self, tokens: int) -> float:
@@ -255,8 +274,10 @@ class CalibratedLatencyModel:
     def _commit_us(self, mode: str, b: StepBatch) -> float:
         t = self._kernel("commit", mode, b.decode_seqs)
         if self.policy.name == "replay":
-            # Only requests that flush this step write their state back.
-            return t * b.flush_seqs / b.decode_seqs
+            # Requests that flush this step write their state back; the others only append.
+            f = b.flush_seqs / b.decode_seqs
+            append = self._kernel("append", mode, b.decode_seqs) if "append" in self.kernels else t
+            return f * t + (1.0 - f) * append
         return t
 
 
@@ -282,14 +303,18 @@ def load_tables(mdir: Path, *, extrapolate: bool = True) -> dict[tuple[str, str]
     return out
 
 
-def load_overhead(mdir: Path) -> dict[str, float]:
-    """Median host overhead per step (host loop time minus GPU time) per mode, from step_check.csv."""
+def load_overhead(mdir: Path) -> float | None:
+    """Median host overhead per step (host loop time minus GPU time), from step_check.csv.
+
+    Graph-mode rows only: there the GPU time is exact, and what remains is the upload,
+    launch, download and sync that every step pays. Eager rows already carry the
+    launch cost in the eager tables, and their host/GPU difference is launch jitter.
+    """
     path = mdir / "step_check.csv"
     if not path.exists():
-        return {}
-    rows = read_rows(path, STEP_COLUMNS)
-    return {mode: statistics.median(max(0.0, r["host_step_us"] - r["step_us"]) for r in sel)
-            for mode in MODES if (sel := [r for r in rows if r["mode"] == mode])}
+        return None
+    rows = [r for r in read_rows(path, STEP_COLUMNS) if r["mode"] == "graph"]
+    return statistics.median(max(0.0, r["host_step_us"] - r["step_us"]) for r in rows) if rows else None
 
 
 def _by_mode(name: str, rows: list[dict], value: str, extrapolate: bool) -> dict[str, GridInterpolator]:
@@ -303,11 +328,12 @@ def _by_mode(name: str, rows: list[dict], value: str, extrapolate: bool) -> dict
 
 
 def _select(rows: list[dict], policy: str, widths: tuple[int, ...], replay_col: str | None,
-            replayed: int = 0) -> list[dict]:
-    """Rows of one policy at this tree (T = verify positions) and replayed-token count."""
+            replayed: int = 0, flush: int | None = None) -> list[dict]:
+    """Rows of one policy at this tree (T = verify positions), replayed-token count and flush flag."""
     t = 1 + sum(_nodes(widths))
     sel = [r for r in rows if r["policy"] == policy and int(r["T"]) == t
-           and (replay_col is None or int(r[replay_col] or 0) == replayed)]
+           and (replay_col is None or int(r[replay_col] or 0) == replayed)
+           and (flush is None or "flush" not in r or int(r["flush"]) == flush)]
     if not sel or "tree" not in sel[0]:
         return sel
     exact = [r for r in sel if _tree_key(r["tree"]) == widths]
@@ -329,8 +355,9 @@ def load_kernels(path: Path, model: ModelConfig, policy: CommitPolicy, *, extrap
     """The policy's verify/commit curves over B for its tree, from the kernels bench.
 
     Returns {} when kernels.csv is absent. Keys, where measured: 'verify' and 'commit'
-    (mode -> curve over B, microseconds per GDN layer) and 'replay' ((most replayed
-    tokens measured, verify curves at that count)).
+    (mode -> curve over B, microseconds per GDN layer; replay's commit with a flush),
+    'replay' ((most replayed tokens measured, verify curves at that count)) and
+    'append' (replay's commit without a flush).
     """
     if not path.exists():
         return {}
@@ -340,13 +367,17 @@ def load_kernels(path: Path, model: ModelConfig, policy: CommitPolicy, *, extrap
     rep = next((c for c in REPLAY_COLUMNS if c in rows[0]), None)
     widths = policy.tree.widths
     out: dict[str, Any] = {}
-    sel = _select(rows, policy.kernel, widths, rep)
+    # Rows without replayed tokens commit with a flush (the state written back).
+    sel = _select(rows, policy.kernel, widths, rep, flush=1)
     out["verify"] = _by_mode(f"kernels/{policy.kernel}.verify", sel, "verify_us", extrapolate)
     out["commit"] = _by_mode(f"kernels/{policy.kernel}.commit", sel, "commit_us", extrapolate)
     if rep and policy.name == "replay":
-        counts = sorted({int(r[rep] or 0) for r in rows if r["policy"] == policy.kernel})
+        counts = sorted({int(r[rep] or 0) for r in rows if r["policy"] == policy.kernel
+                         and int(r["T"]) == policy.tree.verify_positions})
         if counts and counts[-1] > 0:
-            curves = _by_mode(f"kernels/{policy.kernel}.verify@{counts[-1]}",
-                              _select(rows, policy.kernel, widths, rep, counts[-1]), "verify_us", extrapolate)
+            most = _select(rows, policy.kernel, widths, rep, counts[-1], flush=0)
+            curves = _by_mode(f"kernels/{policy.kernel}.verify@{counts[-1]}", most, "verify_us", extrapolate)
             out["replay"] = (counts[-1], curves) if curves else None
+            # A commit that only appends the accepted inputs (no flush this step).
+            out["append"] = _by_mode(f"kernels/{policy.kernel}.append", most, "commit_us", extrapolate)
     return {k: v for k, v in out.items() if v}

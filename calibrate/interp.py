@@ -1,0 +1,189 @@
+"""Interpolation over a measured rectangular grid, in log space, monotone by construction.
+
+Along `log` axes, log(us) is interpolated linearly in log(axis) (exact for power
+laws); along `linear` axes (context lengths, where time is affine: one more cached
+token, one more read), us itself linearly in the axis: exact at grid points,
+and monotone along every axis once the grid values are (physics: more tokens,
+sequences or context never take less time, so measured dips are noise; `monotone`
+lifts each value to the running maximum along every axis before fitting).
+
+Outside the grid a query raises OutOfGridError unless `extrapolate` is set: then a
+value below an axis is clamped to its first grid point (an upper bound, by the
+monotonicity above) and a value above is scaled proportionally from the last
+(time linear in work, the large-size regime); each such query is counted in
+`out_of_grid` so a run can report it.
+"""
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections import Counter
+from itertools import product
+from typing import Sequence
+
+SCALES = ("log", "linear")
+
+
+class OutOfGridError(ValueError):
+    """A query outside the measured grid while extrapolation is off."""
+
+
+class GridInterpolator:
+    def __init__(self, name: str, axis_names: Sequence[str], axes: Sequence[Sequence[float]],
+                 values: Sequence[float], scales: Sequence[str], *, monotone: bool = True,
+                 extrapolate: bool = False) -> None:
+        if not (len(axis_names) == len(axes) == len(scales)):
+            raise ValueError(f"{name}: axis_names, axes and scales must have one entry per axis")
+        for a, ax, s in zip(axis_names, axes, scales):
+            if s not in SCALES:
+                raise ValueError(f"{name}: scale of axis {a!r} must be one of {SCALES}, got {s!r}")
+            if list(ax) != sorted(set(ax)):
+                raise ValueError(f"{name}: axis {a!r} must be strictly increasing, got {list(ax)}")
+            if s == "log" and ax[0] <= 0:
+                raise ValueError(f"{name}: log axis {a!r} needs positive values, got {ax[0]}")
+        shape = [len(ax) for ax in axes]
+        if len(values) != math.prod(shape):
+            raise ValueError(f"{name}: {len(values)} values for a grid of shape {shape}")
+        if any(not (v > 0) for v in values):
+            raise ValueError(f"{name}: times must be positive, got min {min(values)}")
+        self.name = name
+        self.axis_names = tuple(axis_names)
+        self.axes = tuple(tuple(float(x) for x in ax) for ax in axes)
+        self.scales = tuple(scales)
+        self.extrapolate = extrapolate
+        self.out_of_grid: Counter[str] = Counter()
+        self._ndim = len(self.axes)
+        self._partials: dict[tuple[float, ...], Curve1D] = {}
+        self._is_log = tuple(sc == "log" for sc in self.scales)
+        self._t = tuple(tuple(self._tf(d, x) for x in ax) for d, ax in enumerate(self.axes))
+        self._strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+        vals = [float(v) for v in values]
+        if monotone:
+            vals = _running_max(vals, shape, self._strides)
+        self.grid_values = tuple(vals)
+        self._logv = [math.log(v) for v in vals]
+
+    def _tf(self, d: int, x: float) -> float:
+        return math.log(x) if self.scales[d] == "log" else float(x)
+
+    def __call__(self, *x: float) -> float:
+        # Hot path (called ~10 times per simulated step): plain Python, no numpy scalars.
+        if len(x) != self._ndim:
+            raise TypeError(f"{self.name}: expected {self._ndim} coordinates {self.axis_names}, got {len(x)}")
+        scale = 1.0
+        log_c: list[tuple[int, float]] = [(0, 1.0)]  # (flat offset, weight) over log axes
+        lin_c: list[tuple[int, float]] = [(0, 1.0)]  # over linear axes
+        for d in range(self._ndim):
+            xd, ax = x[d], self.axes[d]
+            if xd < ax[0] or xd > ax[-1]:
+                xd, f = self._outside(d, xd)
+                scale *= f
+            t = self._t[d]
+            if len(t) == 1:
+                continue
+            is_log = self._is_log[d]
+            xt = math.log(xd) if is_log else xd
+            i = bisect_right(t, xt) - 1
+            if i > len(t) - 2:
+                i = len(t) - 2
+            w = (xt - t[i]) / (t[i + 1] - t[i])
+            lo, hi = i * self._strides[d], (i + 1) * self._strides[d]
+            c = log_c if is_log else lin_c
+            c[:] = [(o + lo, cw * (1.0 - w)) for o, cw in c] + [(o + hi, cw * w) for o, cw in c]
+        # log axes: log(time) multilinear; linear axes: time itself, linear between those.
+        logv = self._logv
+        acc = 0.0
+        for base, wl in lin_c:
+            if wl:
+                acc += wl * math.exp(sum(cw * logv[base + o] for o, cw in log_c if cw))
+        return acc * scale
+
+    def partial(self, *prefix: float) -> Curve1D:
+        """The curve along the last axis at these leading coordinates (memoised)."""
+        c = self._partials.get(prefix)
+        if c is None:
+            c = Curve1D(self, self._ndim - 1, [self(*prefix, x) for x in self.axes[-1]])
+            if len(self._partials) < Curve1D.MEMO:
+                self._partials[prefix] = c
+        return c
+
+    def _outside(self, d: int, xd: float) -> tuple[float, float]:
+        """The in-grid coordinate to evaluate at, and the factor to apply (see module doc)."""
+        ax = self.axes[d]
+        side = "low" if xd < ax[0] else "high"
+        if not self.extrapolate:
+            raise OutOfGridError(
+                f"{self.name}: {self.axis_names[d]}={xd:g} is outside the measured grid "
+                f"[{ax[0]:g}, {ax[-1]:g}]; extend the calibration grid or allow extrapolation")
+        self.out_of_grid[f"{self.axis_names[d]}_{side}"] += 1
+        return (ax[0], 1.0) if side == "low" else (ax[-1], xd / ax[-1])
+
+
+class Curve1D:
+    """A one-axis slice of a grid (values at that axis's grid points), fast to evaluate.
+
+    Same interpolation and out-of-grid rules as GridInterpolator; out-of-grid queries
+    are counted in the parent's counter. Results are memoised per coordinate, since a
+    simulation asks for the same token counts and batch sizes again and again.
+    """
+
+    MEMO = 100_000  # entries kept per curve
+
+    def __init__(self, parent: GridInterpolator, axis: int, values: Sequence[float]) -> None:
+        self.parent, self.axis = parent, axis
+        self.ax = parent.axes[axis]
+        self.is_log = parent.scales[axis] == "log"
+        self.t = parent._t[axis]
+        self.v = tuple(math.log(v) for v in values) if self.is_log else tuple(values)
+        self.memo: dict[float, float] = {}
+
+    def __call__(self, x: float) -> float:
+        y = self.memo.get(x)
+        if y is not None:
+            return y
+        scale, xd = 1.0, x
+        if x < self.ax[0] or x > self.ax[-1]:
+            xd, scale = self.parent._outside(self.axis, x)
+        t, v = self.t, self.v
+        if len(t) == 1:
+            y = math.exp(v[0]) if self.is_log else v[0]
+        else:
+            xt = math.log(xd) if self.is_log else xd
+            i = min(bisect_right(t, xt) - 1, len(t) - 2)
+            w = (xt - t[i]) / (t[i + 1] - t[i])
+            y = v[i] + (v[i + 1] - v[i]) * w
+            y = math.exp(y) if self.is_log else y
+        y *= scale
+        if len(self.memo) < self.MEMO:
+            self.memo[x] = y
+        return y
+
+
+def _running_max(vals: list[float], shape: list[int], strides: list[int]) -> list[float]:
+    """Lift every value to the maximum of the values before it along each axis."""
+    out = list(vals)
+    for d, n in enumerate(shape):
+        for flat in range(len(out)):
+            i = (flat // strides[d]) % n
+            if i:
+                prev = flat - strides[d]
+                if out[prev] > out[flat]:
+                    out[flat] = out[prev]
+    return out
+
+
+def from_rows(name: str, rows: Sequence[dict], axis_names: Sequence[str], scales: Sequence[str],
+              value: str = "us", **kw: bool) -> GridInterpolator:
+    """Build from table rows; every combination of the axes' values must be measured once."""
+    axes = [sorted({float(r[a]) for r in rows}) for a in axis_names]
+    cells: dict[tuple[float, ...], float] = {}
+    for r in rows:
+        key = tuple(float(r[a]) for a in axis_names)
+        if key in cells:
+            raise ValueError(f"{name}: duplicate measurement at {dict(zip(axis_names, key))}")
+        cells[key] = float(r[value])
+    missing = [k for k in product(*axes) if k not in cells]
+    if missing:
+        raise ValueError(f"{name}: grid is not rectangular; {len(missing)} missing points, e.g. "
+                         f"{dict(zip(axis_names, missing[0]))}")
+    return GridInterpolator(name, axis_names, axes, [cells[k] for k in product(*axes)], scales, **kw)

@@ -1,0 +1,106 @@
+"""`specsim calibrate measure`: time every job of a model on this machine's GPU.
+
+Writes `<out>/<model>/<table>.csv`, `memory.json`, `step_check.csv` and appends this
+run to `<out>/<model>/provenance.json`. A job that fails is logged and skipped, so
+one bad table does not cost the whole device call; the exit status says so.
+"""
+from __future__ import annotations
+
+import gc
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+from calibrate import provenance
+from calibrate.grid import FULL, QUICK, Grid
+from calibrate.tables import STEP_COLUMNS, write_rows
+from sim.config import HardwareConfig, ModelConfig
+
+
+GDN_PREFILL_DEADLINE_S = 45.0  # fla autotunes each new shape; bound the job's device time
+
+
+def load_fla_chunk() -> Callable[..., object] | None:
+    """flash-linear-attention's chunked gated delta rule (vLLM's GDN prefill kernel), if installed."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except ImportError:
+        return None
+    return chunk_gated_delta_rule
+
+
+def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: Path, *, quick: bool = False,
+            device: str = "cuda", modes: tuple[str, ...] = ("graph", "eager"), commit: str | None = None,
+            time_budget_s: float | None = None, step_policy: str = "store_all", grid: Grid | None = None,
+            log: Callable[[str], None] = print, on_job_done: Callable[[], None] = lambda: None) -> int:
+    import torch
+
+    from calibrate import measure as M
+    from calibrate import stepcheck
+    from calibrate.shapes import LayerShapes
+    from calibrate.timing import copy_bandwidth_gbs, matmul_tflops
+
+    t0 = time.perf_counter()
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("calibrate measure: no CUDA device here (use --device cpu only for tiny test grids)")
+    grid = grid or (QUICK if quick else FULL)
+    env = provenance.environment(device)
+    cuda = dev.type == "cuda"
+    bw = copy_bandwidth_gbs(dev) if cuda else hw.hbm_bandwidth_gbs
+    tflops = matmul_tflops(dev) if cuda else hw.bf16_tflops
+    log(f"{model.name} on {env['gpu']}: copy {bw:.0f} GB/s, bf16 matmul {tflops:.0f} TFLOP/s; jobs {', '.join(jobs)}")
+    h = M.Harness(LayerShapes.from_model(model), grid, dev, modes, bw, tflops, log=log,
+                  rotate_bytes=M.ROTATE_BYTES if cuda else 0, min_copies=3 if cuda else 1)
+    mdir = out / model.name
+    done, errors, skipped = {}, [], []
+    with torch.inference_mode():
+        for job in jobs:
+            if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
+                skipped.append(f"{job}: time budget {time_budget_s:.0f} s spent")
+                log(f"skip {job}: time budget spent")
+                continue
+            tj = time.perf_counter()
+            log(f"[{job}]")
+            try:
+                if job == "memory":
+                    provenance.write(mdir / "memory.json", stepcheck.memory_report(h, model, hw.max_num_seqs))
+                    done[job] = 1
+                elif job == "step_check":
+                    rows = stepcheck.step_check(h, step_policy)
+                    write_rows(mdir / "step_check.csv", rows, STEP_COLUMNS)
+                    done[job] = len(rows)
+                elif job == "gdn_prefill":
+                    chunk_fn = load_fla_chunk()
+                    if chunk_fn is None:
+                        skipped.append("gdn_prefill: flash-linear-attention (fla) not importable")
+                        log("skip gdn_prefill: flash-linear-attention (fla) not importable")
+                        continue
+                    rows = M.gdn_prefill_table(h, chunk_fn, deadline_s=GDN_PREFILL_DEADLINE_S)
+                    write_rows(mdir / "gdn_prefill.csv", rows)
+                    done[job] = len(rows)
+                else:
+                    rows = M.TABLE_JOBS[job](h)
+                    write_rows(mdir / f"{job}.csv", rows)
+                    done[job] = len(rows)
+                log(f"[{job}] done in {time.perf_counter() - tj:.1f} s")
+            except Exception as e:  # keep measuring the other jobs; report this one
+                errors.append(f"{job}: {type(e).__name__}: {e}")
+                log(f"[{job}] FAILED: {traceback.format_exc()}")
+            finally:
+                gc.collect()
+                if cuda:
+                    torch.cuda.empty_cache()
+            on_job_done()
+    part = {**env, "git_commit": commit, "command": " ".join(sys.argv), "grid": "quick" if quick else "full",
+            "modes": list(modes), "copy_bandwidth_gbs": round(bw, 1), "matmul_tflops": round(tflops, 1),
+            "jobs": done, "skipped": skipped, "errors": errors, "wall_s": round(time.perf_counter() - t0, 1)}
+    part["device_time_s"] = part["wall_s"]  # this command's GPU time; merge replaces it with a lease's figure
+    prov = provenance.read(mdir / "provenance.json")
+    prov.setdefault("parts", []).append(part)
+    provenance.write(mdir / "provenance.json", {"model": model.name, **prov})
+    on_job_done()
+    log(f"{model.name}: {len(done)} jobs done, {len(errors)} failed, {len(skipped)} skipped in {part['wall_s']} s")
+    return 1 if errors else 0

@@ -1,0 +1,121 @@
+"""Per-GPU layer shapes of a model under tensor parallelism (pure Python, no torch).
+
+vLLM's sharding: attention and GDN heads split across ranks (KV heads replicated when
+TP exceeds them), every expert on every rank with its intermediate width split by TP
+(no expert parallelism by default), the LM head split over the vocabulary.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.config import ModelConfig
+
+ROTARY_FRACTION = 4  # Qwen3.5 rotates head_dim / 4 of each attention head (partial RoPE)
+
+
+@dataclass(frozen=True)
+class LayerShapes:
+    model: str
+    tp: int
+    hidden: int
+    # GDN, per GPU
+    gdn_k_heads: int
+    gdn_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int
+    # attention, per GPU
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    # MoE, per GPU
+    num_experts: int
+    top_k: int
+    expert_width: int  # each expert's intermediate width on this GPU
+    shared_width: int  # shared expert(s) intermediate width on this GPU
+    vocab: int  # LM-head rows on this GPU
+    # layer counts of the whole model
+    gdn_layers: int
+    attn_layers: int
+    mtp_depth: int
+
+    @classmethod
+    def from_model(cls, m: ModelConfig) -> "LayerShapes":
+        tp = m.tensor_parallel
+        g, a, e = m.gdn, m.attention, m.moe
+        for what, n in (("gdn.num_k_heads", g.num_k_heads), ("gdn.num_v_heads", g.num_v_heads),
+                        ("attention.num_q_heads", a.num_q_heads), ("moe.expert_width", e.expert_width)):
+            if n % tp:
+                raise ValueError(f"{m.name}: {what} ({n}) is not divisible by tensor_parallel ({tp})")
+        return cls(
+            model=m.name, tp=tp, hidden=m.hidden_size,
+            gdn_k_heads=g.num_k_heads // tp, gdn_v_heads=g.num_v_heads // tp,
+            head_k_dim=g.head_k_dim, head_v_dim=g.head_v_dim, conv_kernel=g.conv_kernel,
+            q_heads=a.num_q_heads // tp, kv_heads=m.kv_heads_per_gpu, head_dim=a.head_dim,
+            num_experts=e.num_experts, top_k=e.top_k, expert_width=e.expert_width // tp,
+            shared_width=e.shared_experts * e.expert_width // tp,
+            vocab=-(-m.vocab_size // tp),
+            gdn_layers=m.gdn_layers, attn_layers=m.attn_layers, mtp_depth=m.mtp_depth,
+        )
+
+    # -- GDN
+    @property
+    def gdn_qk_channels(self) -> int:
+        return self.gdn_k_heads * self.head_k_dim
+
+    @property
+    def gdn_v_channels(self) -> int:
+        return self.gdn_v_heads * self.head_v_dim
+
+    @property
+    def gdn_conv_channels(self) -> int:
+        return 2 * self.gdn_qk_channels + self.gdn_v_channels
+
+    @property
+    def gdn_in_features(self) -> int:
+        """in_proj outputs: q, k, v (conv channels), the output gate z, then b and a per v-head."""
+        return self.gdn_conv_channels + self.gdn_v_channels + 2 * self.gdn_v_heads
+
+    # -- attention
+    @property
+    def qkv_features(self) -> int:
+        """Gated attention: q_proj emits the query and a same-sized gate, then k and v."""
+        return 2 * self.q_heads * self.head_dim + 2 * self.kv_heads * self.head_dim
+
+    @property
+    def rotary_dim(self) -> int:
+        return self.head_dim // ROTARY_FRACTION
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """One attention layer's K and V for one token on this GPU (bf16)."""
+        return 2 * self.kv_heads * self.head_dim * 2
+
+    @property
+    def gdn_state_bytes(self) -> int:
+        """One GDN layer's recurrent state for one sequence on this GPU (bf16)."""
+        return self.gdn_v_heads * self.head_v_dim * self.head_k_dim * 2
+
+    # -- weight bytes per layer on this GPU (bf16), for L2 rotation and roofline counts
+    @property
+    def gdn_weight_bytes(self) -> int:
+        return 2 * (self.hidden * self.gdn_in_features + self.gdn_v_channels * self.hidden
+                    + self.gdn_conv_channels * self.conv_kernel)
+
+    @property
+    def attn_weight_bytes(self) -> int:
+        return 2 * (self.hidden * self.qkv_features + self.q_heads * self.head_dim * self.hidden)
+
+    @property
+    def moe_weight_bytes(self) -> int:
+        experts = self.num_experts * 3 * self.hidden * self.expert_width
+        shared = 3 * self.hidden * self.shared_width + self.hidden
+        return 2 * (experts + shared + self.hidden * self.num_experts)
+
+    @property
+    def lm_head_weight_bytes(self) -> int:
+        return 2 * self.vocab * self.hidden
+
+    @property
+    def mtp_fc_weight_bytes(self) -> int:
+        return 2 * 2 * self.hidden * self.hidden // self.tp

@@ -1,0 +1,77 @@
+"""Calibration table schema and CSV I/O (pure Python: the simulator reads these).
+
+One CSV per table at `results/calibration/<gpu>/<model>/<table>.csv`, one row per
+(mode, shape). `us` is the median time of one call in microseconds; the axes a table
+is interpolated over are listed in TABLES with their interpolation scale.
+"""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+MODES = ("graph", "eager")
+COLUMNS = ("mode", "B", "P", "ctx", "tokens", "us", "us_p10", "us_p90", "reps", "copies",
+           "flops", "bytes", "pct_bw", "pct_flops")
+STEP_COLUMNS = ("mode", "B", "P", "ctx", "kernel", "step_us", "host_step_us", "kernel_us", "reps")
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    axes: tuple[str, ...]  # columns the time is interpolated over
+    scales: tuple[str, ...]  # "log" or "linear" per axis
+    what: str
+    required: bool = True  # optional tables need a package the GPU image may lack (fla)
+
+
+TABLES: dict[str, TableSpec] = {
+    "gdn": TableSpec(("tokens",), ("log",), "GDN layer without the recurrence: norm, in_proj, short conv, gated RMSNorm, out_proj"),
+    "attn_proj": TableSpec(("tokens",), ("log",), "attention layer without the core: norm, QKV proj, q/k norm, RoPE, KV write, gate, o_proj"),
+    "attn_decode": TableSpec(("B", "P", "ctx"), ("log", "log", "linear"), "attention core: B sequences x P verify queries over ctx cached tokens"),
+    "attn_prefill": TableSpec(("tokens", "ctx"), ("log", "linear"), "attention core: one prefill chunk of `tokens` after ctx cached tokens"),
+    "moe": TableSpec(("tokens",), ("log",), "MoE block: norm, router, top-k, grouped expert GEMMs, shared expert"),
+    "lm_head": TableSpec(("tokens",), ("log",), "final norm, LM head and greedy sampling over `tokens` rows"),
+    "gdn_prefill": TableSpec(("tokens",), ("log",), "GDN prefill recurrence of one `tokens` chunk: fla's chunk_gated_delta_rule as vLLM calls it", required=False),
+    "mtp_fc": TableSpec(("tokens",), ("log",), "MTP drafter input: two norms, concat, fc (the rest of the MTP layer is an attention layer + MoE)"),
+}
+
+
+class TableError(ValueError):
+    """A calibration table is missing, malformed or incomplete."""
+
+
+def table_path(root: Path, model: str, table: str) -> Path:
+    return root / model / f"{table}.csv"
+
+
+def write_rows(path: Path, rows: list[dict], columns: tuple[str, ...] = COLUMNS) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns, extrasaction="raise")
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: r[c] for c in columns})
+
+
+def read_rows(path: Path, required: tuple[str, ...] = COLUMNS) -> list[dict]:
+    """Rows as dicts with numeric fields converted; raises TableError naming missing columns."""
+    if not path.exists():
+        raise TableError(f"{path}: no such calibration table")
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in required if c not in (reader.fieldnames or [])]
+        if missing:
+            raise TableError(f"{path}: missing columns {missing}; has {reader.fieldnames}")
+        rows = [{k: _number(v) for k, v in r.items()} for r in reader]
+    if not rows:
+        raise TableError(f"{path}: no rows")
+    return rows
+
+
+def _number(v: str) -> object:
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except (TypeError, ValueError):
+            pass
+    return v

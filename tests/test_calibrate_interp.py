@@ -1,0 +1,90 @@
+"""The grid interpolator on synthetic tables with known answers."""
+import math
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from calibrate.interp import GridInterpolator, OutOfGridError, from_rows
+
+B = (1, 2, 4, 8, 16, 64)
+P = (1, 4, 16)
+CTX = (1024, 4096, 32768)
+
+
+def f(b, p, c):  # a latency-like surface: fixed cost + work terms, increasing in every axis
+    return 5.0 + 0.3 * b * p + 1e-3 * b * c + 0.01 * p
+
+
+def grid3(**kw):
+    rows = [{"B": b, "P": p, "ctx": c, "us": f(b, p, c)} for b in B for p in P for c in CTX]
+    return from_rows("decode", rows, ("B", "P", "ctx"), ("log", "log", "linear"), **kw)
+
+
+def test_exact_at_every_grid_point():
+    g = grid3()
+    for b in B:
+        for p in P:
+            for c in CTX:
+                assert g(b, p, c) == pytest.approx(f(b, p, c), rel=1e-12)
+
+
+def test_power_law_is_exact_between_points():
+    # log-log interpolation reproduces a power law exactly anywhere inside the grid
+    rows = [{"tokens": n, "us": 3.0 * n ** 0.7} for n in (1, 4, 16, 64, 256)]
+    g = from_rows("t", rows, ("tokens",), ("log",))
+    for n in (1.5, 3, 10, 100, 200):
+        assert g(n) == pytest.approx(3.0 * n ** 0.7, rel=1e-12)
+
+
+def test_mixed_axes_are_exact_for_power_law_times_affine_context():
+    def t(n, c):
+        return n ** 1.5 * (10.0 + 0.5 * c)
+    rows = [{"tokens": n, "ctx": c, "us": t(n, c)} for n in (128, 512) for c in (0, 1024, 4096)]
+    g = from_rows("p", rows, ("tokens", "ctx"), ("log", "linear"))
+    for n, c in ((128, 512), (256, 0), (300, 3000), (512, 4096)):
+        assert g(n, c) == pytest.approx(t(n, c), rel=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(b=st.floats(1, 64), p=st.floats(1, 16), c=st.floats(1024, 32768), db=st.floats(0, 30))
+def test_monotone_in_every_axis(b, p, c, db):
+    g = grid3()
+    assert g(min(64, b + db), p, c) >= g(b, p, c) * (1 - 1e-12)
+    assert g(b, min(16, p + db), c) >= g(b, p, c) * (1 - 1e-12)
+    assert g(b, p, min(32768, c * (1 + db))) >= g(b, p, c) * (1 - 1e-12)
+
+
+def test_noisy_dips_are_lifted_to_keep_monotonicity():
+    rows = [{"tokens": n, "us": u} for n, u in ((1, 10.0), (2, 9.5), (4, 12.0))]
+    g = from_rows("t", rows, ("tokens",), ("log",))
+    assert g.grid_values == (10.0, 10.0, 12.0)
+    assert g(1.5) == pytest.approx(10.0)
+
+
+def test_outside_grid_is_a_clear_error():
+    g = grid3()
+    with pytest.raises(OutOfGridError, match=r"B=128 is outside the measured grid \[1, 64\]"):
+        g(128, 4, 4096)
+    with pytest.raises(OutOfGridError, match="ctx=100"):
+        g(4, 4, 100)
+
+
+def test_extrapolation_is_flagged_and_counted():
+    g = grid3(extrapolate=True)
+    assert g(128, 4, 4096) == pytest.approx(2 * f(64, 4, 4096))  # proportional above
+    assert g(4, 4, 100) == pytest.approx(f(4, 4, 1024))  # clamped below (an upper bound)
+    assert g(4, 4, 65536) == pytest.approx(2 * f(4, 4, 32768))
+    assert g.out_of_grid == {"B_high": 1, "ctx_low": 1, "ctx_high": 1}
+
+
+def test_rejects_non_rectangular_and_bad_tables():
+    rows = [{"B": b, "P": p, "us": 1.0 + b} for b in (1, 2) for p in (1, 2)][:-1]
+    with pytest.raises(ValueError, match="not rectangular"):
+        from_rows("x", rows, ("B", "P"), ("log", "log"))
+    with pytest.raises(ValueError, match="duplicate"):
+        from_rows("x", [{"B": 1, "us": 1.0}, {"B": 1, "us": 2.0}], ("B",), ("log",))
+    with pytest.raises(ValueError, match="scale of axis 'B' must be one of"):
+        GridInterpolator("x", ("B",), ((1, 2),), (1.0, 2.0), ("cubic",))
+    with pytest.raises(ValueError, match="times must be positive"):
+        GridInterpolator("x", ("B",), ((1, 2),), (0.0, 2.0), ("log",))
+    assert math.isclose(GridInterpolator("x", ("B",), ((1, 2),), (1.0, 4.0), ("log",))(math.sqrt(2)), 2.0)

@@ -1,0 +1,229 @@
+"""CalibratedLatencyModel on synthetic tables with known answers."""
+import csv
+import time
+
+import pytest
+
+from calibrate.tables import COLUMNS, STEP_COLUMNS, TABLES, TableError
+from policies import make_policy
+from sim.config import EngineConfig, load_hardware, load_model, load_policy
+from sim.latency import TERMS, StepBatch
+from sim.latency_analytic import AnalyticLatencyModel
+from sim.latency_calibrated import CalibratedLatencyModel
+
+MODEL = "qwen3.5-35b-a3b"
+AXES = {"tokens": (1, 4, 16, 64, 256, 1024, 4096, 16384), "B": (1, 4, 16, 64, 256, 512), "P": (1, 4, 16, 64),
+        "ctx": (256, 1024, 4096, 32768)}
+PREFILL_CTX = (0, 4096, 32768)
+EAGER = 3.0  # synthetic eager tables cost 3x graph ones
+
+
+def known(table, r):
+    """Synthetic microseconds per call: increasing in every axis."""
+    if table == "attn_decode":
+        return 4.0 + 0.01 * r["B"] * r["P"] + 1e-4 * r["B"] * r["ctx"]
+    if table == "attn_prefill":
+        return 8.0 + 1e-3 * r["tokens"] + 1e-6 * r["tokens"] * r["ctx"]
+    return {"gdn": 20.0, "attn_proj": 15.0, "moe": 300.0, "lm_head": 250.0, "mtp_fc": 6.0,
+            "gdn_prefill": 30.0}[table] + 0.01 * r["tokens"]
+
+
+def write_csv(path, rows, columns):
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def make_tables(root, kernels=True, steps=True, skip=()):
+    mdir = root / MODEL
+    mdir.mkdir(parents=True)
+    for name, spec in TABLES.items():
+        if name in skip:
+            continue
+        if spec.axes == ("tokens", "ctx"):
+            points = [{"tokens": n, "ctx": c} for n in AXES["tokens"] for c in PREFILL_CTX]
+        elif spec.axes == ("B", "P", "ctx"):
+            points = [{"B": b, "P": p, "ctx": c} for b in AXES["B"] for p in AXES["P"] for c in AXES["ctx"]]
+        else:
+            points = [{"tokens": n} for n in AXES["tokens"]]
+        rows = []
+        for mode, k in (("graph", 1.0), ("eager", EAGER)):
+            for pt in points:
+                r = {c: 0 for c in COLUMNS} | {"B": 1, "P": 1, "ctx": 0} | pt
+                r["tokens"] = pt.get("tokens", r["B"] * r["P"])
+                rows.append(r | {"mode": mode, "us": k * known(name, r)})
+        write_csv(mdir / f"{name}.csv", rows, COLUMNS)
+    if kernels:
+        cols = ("model", "policy", "B", "T", "tree", "verify_us", "commit_us", "total_us", "mode")
+        write_csv(root / "kernels.csv", [
+            {"model": MODEL, "policy": "store_all", "B": b, "T": 4, "tree": "(1, 1, 1)", "verify_us": 10 + b,
+             "commit_us": 2 + 0.1 * b, "total_us": 12 + 1.1 * b, "mode": mode}
+            for b in (1, 8, 64, 512) for mode in ("graph", "eager")], cols)
+    if steps:
+        write_csv(mdir / "step_check.csv", [
+            {"mode": m, "B": 8, "P": 4, "ctx": 4096, "kernel": "store_all", "step_us": 1000.0,
+             "host_step_us": 1000.0 + extra, "kernel_us": 5.0, "reps": 10}
+            for m, extra in (("graph", 40.0), ("graph", 60.0), ("eager", 80.0))], STEP_COLUMNS)
+    return root
+
+
+def load(root, hw="h200", policy="store_all", fallback=True, **engine):
+    m = load_model(MODEL)
+    h = load_hardware(hw).model_copy(update={"calibration_dir": str(root)})
+    pol = make_policy(m, load_policy(policy))
+    eng = EngineConfig(**engine)
+    fb = AnalyticLatencyModel(m, h, pol, eng) if fallback else None
+    return CalibratedLatencyModel.load(m, h, pol, eng, fallback=fb)
+
+
+def decode(b, ctx=4096, eager=False, p=4):
+    return StepBatch(num_seqs=b, prefill_tokens=0, prefill_seqs=0, decode_seqs=b, spec_seqs=b, verify_positions=p,
+                     context_tokens=b * ctx, max_context=ctx, eager=eager, draft_depth=3)
+
+
+def test_replay_prices_replayed_tokens_and_flushes(tmp_path):
+    root = make_tables(tmp_path, kernels=False)
+    cols = ("model", "policy", "B", "T", "tree", "replayed_tokens", "flush", "verify_us", "commit_us", "mode")
+    write_csv(root / "kernels.csv", [
+        {"model": MODEL, "policy": "replay", "B": b, "T": 4, "tree": "1,1,1", "replayed_tokens": rep, "flush": fl,
+         "verify_us": 10.0 * b + rep * b, "commit_us": (5.0 if fl else 1.0) * b, "mode": mode}
+        for b in (1, 8, 64) for rep, fl in ((0, 1), (12, 0), (12, 1)) for mode in ("graph", "eager")], cols)
+    lm = load(root, policy="replay")
+    assert lm.sources.by_term["gdn_verify"] == lm.sources.by_term["gdn_commit"] == "calibrated"
+
+    def kernel_terms(replayed, flushing):
+        b = StepBatch(num_seqs=8, prefill_tokens=0, prefill_seqs=0, decode_seqs=8, spec_seqs=8, verify_positions=4,
+                      context_tokens=8 * 4096, max_context=4096, eager=False, replay_tokens=replayed,
+                      flush_seqs=flushing, draft_depth=3)
+        t = lm.step_time(b).terms
+        return t["gdn_verify"] / 30 * 1e6, t["gdn_commit"] / 30 * 1e6
+    assert kernel_terms(0, 8) == pytest.approx((80.0, 40.0))  # no replay; every request flushes
+    assert kernel_terms(8 * 6, 0) == pytest.approx((80.0 + 48.0, 8.0))  # 6 replayed each: half of 12; append only
+    assert kernel_terms(0, 2)[1] == pytest.approx(0.25 * 40.0 + 0.75 * 8.0)
+
+
+def test_none_without_tables(tmp_path):
+    assert load(tmp_path) is None
+
+
+def test_decode_step_is_the_sum_of_its_measured_parts(tmp_path):
+    lm = load(make_tables(tmp_path))
+    assert lm.sources.summary() == "calibrated"
+    b, p, ctx = 16, 4, 4096
+    n = b * p
+    t = {k: v * 1e6 for k, v in lm.step_time(decode(b)).terms.items()}
+
+    def k(name, **r):
+        return known(name, {"tokens": 0, "B": 1, "P": 1, "ctx": 0, **r})
+    core = k("attn_decode", B=b, P=p, ctx=ctx)
+    assert t["gdn"] == pytest.approx(30 * k("gdn", tokens=n))
+    assert t["attention"] == pytest.approx(10 * (k("attn_proj", tokens=n) + core))
+    assert t["moe"] == pytest.approx(40 * k("moe", tokens=n))
+    assert t["lm_head"] == pytest.approx(k("lm_head", tokens=n))
+    # drafter: a pass over all n target tokens, then K - 1 = 2 one-token passes per request
+    first = k("mtp_fc", tokens=n) + k("attn_proj", tokens=n) + core + k("moe", tokens=n) + k("lm_head", tokens=b)
+    later = k("mtp_fc", tokens=b) + k("attn_proj", tokens=b) + k("attn_decode", B=b, P=1, ctx=ctx) \
+        + k("moe", tokens=b) + k("lm_head", tokens=b)
+    assert t["drafter"] == pytest.approx(first + 2 * later)
+    # kernels.csv at B = 16 (log-log between B = 8 and 64) per GDN layer
+    assert 30 * 18 < t["gdn_verify"] < 30 * 74
+    assert t["allreduce"] == 0.0  # TP 1
+    assert t["overhead"] == pytest.approx(50.0)  # median over graph rows of host minus GPU time
+    assert set(t) == set(TERMS)
+
+
+def test_eager_steps_are_piecewise_or_fully_eager(tmp_path):
+    lm = load(make_tables(tmp_path))
+    g, e = lm.step_time(decode(16)), lm.step_time(decode(16, eager=True))
+    assert e.mode == "eager" and g.mode == "graph"
+    # piecewise (vLLM): dense parts replay as graphs, attention cores and GDN kernels launch eagerly
+    assert e.terms["moe"] == pytest.approx(g.terms["moe"]) and e.terms["gdn"] == pytest.approx(g.terms["gdn"])
+    assert e.terms["attention"] - g.terms["attention"] == pytest.approx(
+        10 * (EAGER - 1) * known("attn_decode", {"B": 16, "P": 4, "ctx": 4096}) * 1e-6)
+    full = CalibratedLatencyModel.load(lm.model, lm.hw, lm.policy, EngineConfig(), lm.fallback, piecewise=False)
+    f = full.step_time(decode(16, eager=True))
+    assert f.terms["moe"] == pytest.approx(EAGER * g.terms["moe"])
+    assert e.terms["overhead"] == g.terms["overhead"] == pytest.approx(50e-6)  # graph rows only
+
+
+def test_monotone_in_batch_and_context(tmp_path):
+    lm = load(make_tables(tmp_path))
+    totals = [lm.step_time(decode(b)).total_s for b in (1, 2, 3, 5, 8, 13, 40, 100, 300, 512)]
+    assert totals == sorted(totals)
+    by_ctx = [lm.step_time(decode(32, ctx=c)).total_s for c in (300, 1000, 5000, 20000, 32768)]
+    assert by_ctx == sorted(by_ctx)
+    assert lm.out_of_grid() == {}
+    lm.step_time(decode(1024, ctx=100))  # beyond B = 512 and below the shortest context: flagged
+    flagged = lm.out_of_grid()
+    assert any(k.endswith(".B_high") for k in flagged) and any(k.endswith(".ctx_low") for k in flagged)
+
+
+def test_mixed_prefill_batch(tmp_path):
+    lm = load(make_tables(tmp_path))
+    mixed = StepBatch(num_seqs=9, prefill_tokens=2048, prefill_seqs=1, decode_seqs=8, spec_seqs=8,
+                      verify_positions=4, context_tokens=8 * 4096, max_context=4096, eager=True, draft_depth=3)
+    t = lm.step_time(mixed).terms
+    pure = lm.step_time(decode(8, eager=True)).terms
+    assert t["attention"] > pure["attention"] and t["gdn_verify"] > pure["gdn_verify"]
+    assert t["lm_head"] > pure["lm_head"]  # one more sampled row
+
+
+def test_missing_kernels_fall_back_and_say_so(tmp_path):
+    lm = load(make_tables(tmp_path, kernels=False, skip=("gdn_prefill",)))
+    assert lm.sources.by_term["gdn_verify"] == "analytic" and lm.sources.summary() == "mixed"
+    assert lm.step_time(decode(16)).terms["gdn_verify"] > 0
+    with pytest.raises(TableError, match="no fallback"):
+        load(tmp_path, fallback=False)
+
+
+def test_missing_table_is_an_error(tmp_path):
+    make_tables(tmp_path, skip=("moe",))
+    with pytest.raises(TableError, match="moe.csv: no such calibration table"):
+        load(tmp_path)
+
+
+def test_config_overhead_wins(tmp_path):
+    lm = load(make_tables(tmp_path), step_overhead_us=123.0)
+    assert lm.sources.by_term["overhead"] == "config"
+    assert lm.step_time(decode(4)).terms["overhead"] == pytest.approx(123e-6)
+
+
+def test_derived_hardware_scales_by_term_kind(tmp_path):
+    make_tables(tmp_path)
+    h200, b200 = load(tmp_path), load(tmp_path, hw="b200")
+    assert b200.sources.summary() == "derived"
+    small, big = decode(1, p=1), decode(512, p=16)  # 1 token: memory-bound; 8192 tokens: compute-bound
+    assert b200.step_time(small).terms["gdn"] == pytest.approx(0.6 * h200.step_time(small).terms["gdn"])
+    assert b200.step_time(big).terms["gdn"] == pytest.approx(0.44 * h200.step_time(big).terms["gdn"])
+    assert b200.step_time(big).terms["gdn_verify"] == pytest.approx(0.6 * h200.step_time(big).terms["gdn_verify"])
+
+
+def test_tensor_parallel_adds_modelled_allreduce(tmp_path):
+    root = make_tables(tmp_path)
+    (root / MODEL).rename(root / "qwen3.5-397b-a17b")
+    m = load_model("qwen3.5-397b-a17b")
+    h = load_hardware("h200").model_copy(update={"calibration_dir": str(root)})
+    pol = make_policy(m, load_policy("store_all"))
+    lm = CalibratedLatencyModel.load(m, h, pol, EngineConfig(), fallback=AnalyticLatencyModel(m, h, pol, EngineConfig()))
+    assert lm.sources.by_term["allreduce"] == "analytic"
+    t = lm.step_time(decode(64)).terms["allreduce"]
+    ring = 2 * 7
+    per = ring / 8 * 256 * 4096 * 2 / 450e9 + ring * 3e-6
+    assert t == pytest.approx(2 * 60 * per + 2 * 3 * per * 0 + _drafter_allreduce(per), rel=1e-9)
+
+
+def _drafter_allreduce(per_256):
+    ring = 2 * 7
+    per_64 = ring / 8 * 64 * 4096 * 2 / 450e9 + ring * 3e-6
+    return 2 * per_256 + 2 * 2 * per_64
+
+
+def test_fast_enough_for_the_engine(tmp_path):
+    lm = load(make_tables(tmp_path))
+    batches = [decode(b, ctx=1000 + 7 * i) for i, b in enumerate(list(range(1, 257)) * 8)]
+    t0 = time.perf_counter()
+    for b in batches:
+        lm.step_time(b)
+    per_call = (time.perf_counter() - t0) / len(batches)
+    assert per_call < 100e-6, f"{per_call * 1e6:.1f} us per step_time"
