@@ -61,6 +61,10 @@ class CommitPolicy:
         """Whether commit at this step writes the state back (replay flushes every m steps)."""
         return True
 
+    def commit_is_index_update(self) -> bool:
+        """True when commit moves no state: the next verify reads the accepted slot in place."""
+        return False
+
     def forces_eager(self) -> bool:
         """A real tree (any width > 1) broke CUDA-graph capture in the reference."""
         return not self.tree.is_chain

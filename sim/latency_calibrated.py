@@ -272,6 +272,8 @@ class CalibratedLatencyModel:
         return base
 
     def _commit_us(self, mode: str, b: StepBatch) -> float:
+        if self.policy.commit_is_index_update():
+            return 0.0  # the bench's commit copies the slot only to hand a state back to its caller
         t = self._kernel("commit", mode, b.decode_seqs)
         if self.policy.name == "replay":
             # Requests that flush this step write their state back; the others only append.
