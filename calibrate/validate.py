@@ -26,6 +26,10 @@ from sim.config import EngineConfig, HardwareConfig, ModelConfig, load_policy
 MODES = ("graph", "eager")
 
 
+def _ape_summary(xs: list[float]) -> dict:
+    return {"points": len(xs), "median_ape_pct": round(statistics.median(xs), 2), "p90_ape_pct": round(_pct(xs, 90), 2)}
+
+
 def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q)) if xs else float("nan")
 
@@ -97,14 +101,12 @@ def validate_model(mdir: Path, model: ModelConfig, hw: HardwareConfig, frac: flo
     for name in TABLES:
         xs = [p["ape_pct"] for p in points if p["table"] == name]
         if xs:
-            per_table[name] = {"points": len(xs), "median_ape_pct": round(statistics.median(xs), 2),
-                               "p90_ape_pct": round(_pct(xs, 90), 2)}
+            per_table[name] = _ape_summary(xs)
     per_mode = {}
     for mode in MODES:
         xs = [p["ape_pct"] for p in points if p["mode"] == mode]
         if xs:
-            per_mode[mode] = {"points": len(xs), "median_ape_pct": round(statistics.median(xs), 2),
-                              "p90_ape_pct": round(_pct(xs, 90), 2)}
+            per_mode[mode] = _ape_summary(xs)
     steps = step_errors(mdir, model, hw)
     errs = [abs(s["err_pct"]) for s in steps]
     return {
