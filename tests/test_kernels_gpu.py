@@ -30,6 +30,27 @@ def test_real_shapes(policy, dtype, tol):
         assert rel_err(new, states[torch.arange(3), acc.long()]) < tol, a
 
 
+@pytest.mark.parametrize("trees", [[chain(4), chain(4), [-1], chain(2)],
+                                   [full((2, 2, 2)), preorder(full((2, 2, 2))), chain(9)],
+                                   [full((3, 3, 3)), chain(40), star(7)]], ids=["T4", "T15", "T40"])
+@pytest.mark.parametrize("blocked", [False, True], ids=["rows", "blocked"])
+def test_reconstruct_paths_real_shapes(monkeypatch, trees, blocked):
+    """35B-A3B heads, ragged: the row-by-row verify (forced for every T; unrolled up to 16) with
+    the unrolled commit, and the blocked tl.dot verify with the looped commit, against float64."""
+    from policies.kernels import treewy
+    monkeypatch.setattr(treewy, "ROWS_MAX", 0 if blocked else 64)
+    monkeypatch.setattr(treewy, "COMMIT_UNROLL_MAX", 0 if blocked else 16)
+    x = on_gpu(random_inputs(trees, hk=16, hv=32, dk=128, dv=128, seed=6))
+    o_ref, states = R.recurrence(**x)
+    o, ctx = reconstruct.verify(**{**x, "state": x["state"].clone()})
+    assert rel_err(o, o_ref) < 1e-5
+    n = [len(t) for t in trees]
+    for a in (0, 1, 3, 14, 39):
+        acc = torch.tensor([min(a, m - 1) for m in n], dtype=torch.int32, device="cuda")
+        new = reconstruct.commit(dataclasses.replace(ctx, state=x["state"].clone()), acc)
+        assert rel_err(new, states[torch.arange(len(trees)), acc.long()]) < 1e-5, a
+
+
 def test_replay_real_shapes():
     x = on_gpu(random_inputs([full((3, 3, 3))] * 2, hk=2, hv=8, dk=128, dv=128, seed=2))
     rs = replay.ReplayState.start(x["state"].clone(), flush_interval=2, max_path=4, hk=2, dtype=torch.float32)

@@ -154,3 +154,39 @@ def test_kernel_dims_must_be_powers_of_two():
     x = random_inputs([chain(3)], hk=1, hv=1, dk=24, dv=16, seed=42)
     with pytest.raises(ValueError, match="Dk"):
         reconstruct.verify(**x)
+
+
+PATHS = {  # name: (ROWS_MAX, COMMIT_UNROLL_MAX, trees)
+    "rows-unrolled": (16, 16, [full((3, 3)), preorder(full((2, 2))), [-1]]),
+    "rows-loop": (64, 16, [full((2, 2, 2)), chain(20), [-1]]),
+    "blocked-small": (0, 0, [chain(4), chain(2), [-1]]),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_reconstruct_paths_forced(monkeypatch, path):
+    """Defaults: the row verify for T <= 4, the blocked tl.dot one beyond, the looped commit.
+    Each kernel stays exact outside its default range: the row verify unrolled (T <= 16) and
+    looped (T = 20), the unrolled commit, and the blocked verify on the smallest trees."""
+    from policies.kernels import treewy
+    rows_max, commit_unroll, trees = PATHS[path]
+    monkeypatch.setattr(treewy, "ROWS_MAX", rows_max)
+    monkeypatch.setattr(treewy, "COMMIT_UNROLL_MAX", commit_unroll)
+    x = random_inputs(trees, hk=1, hv=2, dk=16, dv=16, seed=12)
+    check_policy("reconstruct", x, F32, nodes=[0, 1, 3, 6, 11, 19])
+
+
+@pytest.mark.parametrize("rows_max", [4, 16], ids=["default", "rows"])
+def test_replay_outputs_after_cache(monkeypatch, rows_max):
+    """Cache + tree of 3 + 7 = 10 positions (outputs from position 3), blocked by default and
+    through the unrolled row verify: the second step's outputs, with the first step's path
+    cached, equal the recurrence."""
+    from policies.kernels import treewy
+    monkeypatch.setattr(treewy, "ROWS_MAX", rows_max)
+    x1 = random_inputs([full((2, 2))], hk=1, hv=1, dk=16, dv=16, seed=31)
+    rs = replay.ReplayState.start(x1["state"].clone(), flush_interval=2, max_path=3, hk=1, dtype=torch.float32)
+    _, states = R.recurrence(**x1)
+    rs = replay.commit(replay.verify(**{**x1, "state": rs})[1], torch.tensor([4], dtype=torch.int32))
+    x2 = random_inputs([full((2, 2))], hk=1, hv=1, dk=16, dv=16, seed=32)
+    o_ref, _ = R.recurrence(**{**x2, "state": states[:, 4]})
+    assert rel_err(replay.verify(**{**x2, "state": rs})[0], o_ref) < F32

@@ -1,10 +1,11 @@
 """Time verify and commit of every policy per GDN layer on a GPU, against the copy roofline.
 
     python3 -m policies.kernels.bench --out results/calibration/h200 [--quick] [--git-commit SHA]
+        [--policies reconstruct --reference-store-all --stem kernels_reconstruct]
 
 Writes kernels.csv (one row per model, policy, B, tree, mode) and
-kernels_provenance.json (GPU, versions, command, copy bandwidth, the triangular
-solve's time against T, the fla reference). Graph timings: a CUDA graph of
+kernels_provenance.json (GPU, versions, command, copy bandwidth, reconstruct's kernels
+one by one against T, the fla reference); `--stem` renames both. Graph timings: a CUDA graph of
 back-to-back calls on distinct buffers (at least 512 MB together, so each call starts
 with a cold L2), median over replays divided by the calls per graph. Eager timings:
 the same calls launched from Python one by one (argument checks off), median.
@@ -32,20 +33,35 @@ import triton
 
 from policies.kernels import reconstruct, replay, store_all
 from policies.kernels.inputs import chain, full, random_inputs, rel_err
-from policies.kernels.treewy import MAX_POSITIONS, lengths_or_full, solve, tree_prep, wy_verify
+from policies.kernels.treewy import (MAX_POSITIONS, ROWS_MAX, lengths_or_full, solve, state_pass, tree_prep, uses_rows,
+                                     wy_state)
 
-DEVICE = "cuda"
-D = 128                       # head dim (d_k = d_v) of both models
+# GDN_BENCH_REHEARSAL=1 on a machine without a GPU (with TRITON_INTERPRET=1): the same command
+# end to end at toy sizes on the CPU (wall-clock timings, no graphs), so a device call cannot
+# fail on a typo. Its numbers mean nothing.
+REHEARSAL = os.environ.get("GDN_BENCH_REHEARSAL") == "1" and not torch.cuda.is_available()
+DEVICE = "cpu" if REHEARSAL else "cuda"
+D = 16 if REHEARSAL else 128  # head dim (d_k = d_v) of both models
 MODELS = {                    # per GDN layer on one GPU: (q/k heads, v heads)
     "qwen3.5-35b-a3b": (16, 32),
     "qwen3.5-397b-a17b": (2, 8),  # tensor parallel 8: 16/8 q/k heads, 64/8 v heads
 }
 BATCHES = (1, 8, 32, 64, 128, 256)
+KERNELS_B = 64                # batch of the kernel-by-kernel table
+if REHEARSAL:
+    MODELS = {"qwen3.5-35b-a3b": (1, 2), "qwen3.5-397b-a17b": (1, 1)}
+    BATCHES = (1, 64, 128)
+    KERNELS_B = 2
 TREES = {"1,1,1": (1, 1, 1), "1,1,1,1,1,1,1": (1,) * 7, "2,2,2": (2, 2, 2), "3,3,3": (3, 3, 3),
          "4,4,4": (4, 4, 4)}
 CHAINS = (2, 16, 32, 64)      # extra chains (positions T), beside (1,1,1) = 4 and (1,)*7 = 8
+POLICIES = ("store_all", "reconstruct", "replay")
+# --reference-store-all: store_all timed beside a filtered run at these (model, tree, B)
+STORE_ALL_REFERENCE = {("qwen3.5-35b-a3b", "1,1,1", 64), ("qwen3.5-35b-a3b", "1,1,1", 128)}
+if REHEARSAL:
+    STORE_ALL_REFERENCE = {("qwen3.5-35b-a3b", "1,1,1", 2), ("qwen3.5-35b-a3b", "1,1,1", 3)}
 FLUSH_INTERVAL = 4            # replay's m: flush every 4th commit
-COLD_BYTES = 512 << 20        # distinct buffers per graph, so L2 (60 MB) starts cold
+COLD_BYTES = 1 if REHEARSAL else 512 << 20  # distinct buffers per graph, so L2 (60 MB) starts cold
 MAX_COPIES = 128              # at B = 1 that is still 80-320 MB of distinct buffers
 MAX_FOOTPRINT = 40 << 30      # one call's buffers; larger cases are skipped (listed in provenance)
 FIELDS = ["model", "policy", "B", "T", "tree", "depth", "replayed_tokens", "flush", "mode", "verify_us",
@@ -78,6 +94,9 @@ def cases(quick: bool) -> list[Case]:
     """Smallest batches first, both models per batch: a run cut by --budget-s loses the largest B."""
     out = []
     for B in ((1, 128) if quick else BATCHES):
+        if REHEARSAL and B > 2:
+            B = 2 if B == 64 else 3  # toy batches; keep 64 and 128 apart for the store_all reference
+
         for model, (hk, hv) in MODELS.items():
             if quick and model != "qwen3.5-35b-a3b":
                 continue
@@ -115,8 +134,28 @@ def policy_bytes(c: Case, policy: str, replayed: int, flush: bool) -> tuple[int,
 
 
 # ---------------------------------------------------------------- timing
+def _sync() -> None:
+    if not REHEARSAL:
+        torch.cuda.synchronize()
+
+
+def _allocated() -> int:
+    return 0 if REHEARSAL else torch.cuda.memory_allocated()
+
+
+def _wall_us(calls: list[Callable[[], object]]) -> float:
+    """Rehearsal timing: wall clock of one pass over the calls, per call."""
+    t0 = time.perf_counter()
+    for f in calls:
+        f()
+    return (time.perf_counter() - t0) * 1e6 / len(calls)
+
+
 def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 20) -> float:
     """Device-to-device copy, bytes read + written per second (eager torch copy_, see ANCHORS.md)."""
+    if REHEARSAL:
+        src = torch.randn(1 << 20)
+        return 2 * src.numel() * 4 / (_wall_us([lambda: src.clone()]) * 1e-6)
     src = torch.randn(nbytes // 4, device=DEVICE)
     dst = torch.empty_like(src)
     for _ in range(3):
@@ -135,6 +174,10 @@ def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 20) -> float:
 
 def time_graph(calls: list[Callable[[], object]], reset: Callable[[], None] | None = None, reps: int = 8) -> float:
     """Median microseconds per call of a captured graph of `calls`, back to back."""
+    if REHEARSAL:
+        if reset:
+            reset()
+        return _wall_us(calls)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -167,10 +210,10 @@ def time_eager(call: Callable[[int], object], copies: int, reset: Callable[[], N
     for r in range(reps + 1):
         if reset:
             reset()
-        torch.cuda.synchronize()
+        _sync()
         t0 = time.perf_counter()
         call(r % copies)
-        torch.cuda.synchronize()
+        _sync()
         times.append((time.perf_counter() - t0) * 1e6)
     return statistics.median(times[1:])
 
@@ -205,13 +248,13 @@ def run_policy(c: Case, policy: str, replayed: int, flush: bool, copy_bw: float)
     if per_call > MAX_FOOTPRINT:
         return []
     copies = 1 if per_call > (8 << 30) else min(MAX_COPIES, max(2, math.ceil(COLD_BYTES / per_call)))
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
+    _sync()
+    base = _allocated()
     xs = [make_copy(c, seed) for seed in range(copies)]
     acc = torch.full((c.B,), c.T - 1, dtype=torch.int32, device=DEVICE)  # deepest node: longest path
     rss: list[replay.ReplayState | None] = [None] * copies
-    torch.cuda.synchronize()
-    inputs_mem = torch.cuda.memory_allocated()
+    _sync()
+    inputs_mem = _allocated()
 
     def state_arg(i: int):
         if policy != "replay":
@@ -231,12 +274,13 @@ def run_policy(c: Case, policy: str, replayed: int, flush: bool, copy_bw: float)
             rs.steps = rs.flush_interval - 1 if flush else 0
 
     # Extra memory of one step (persistent replay cache included): allocator peak over the inputs.
-    torch.cuda.reset_peak_memory_stats()
+    if not REHEARSAL:
+        torch.cuda.reset_peak_memory_stats()
     o, ctx = mod.verify(**{**xs[0], "state": state_arg(0)}, check=False)
     set_phase(0)
     mod.commit(ctx, acc, check=False)
-    torch.cuda.synchronize()
-    extra = torch.cuda.max_memory_allocated() - inputs_mem
+    _sync()
+    extra = 0 if REHEARSAL else torch.cuda.max_memory_allocated() - inputs_mem
     del o, ctx
     for i in range(copies):
         state_arg(i)
@@ -268,43 +312,57 @@ def run_policy(c: Case, policy: str, replayed: int, flush: bool, copy_bw: float)
                          extra_mem_bytes=extra, copies=copies))
     del xs, ctxs, rss, verify_calls, commit_calls
     gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    if torch.cuda.memory_allocated() > base + (64 << 20):
-        print(f"warning: {(torch.cuda.memory_allocated() - base) >> 20} MiB still allocated after {c}", flush=True)
+    _sync()
+    if not REHEARSAL:
+        torch.cuda.empty_cache()
+    if _allocated() > base + (64 << 20):
+        print(f"warning: {(_allocated() - base) >> 20} MiB still allocated after {c}", flush=True)
     return rows
 
 
-def policy_variants(c: Case) -> list[tuple[str, int, bool]]:
+def policy_variants(c: Case, policies: tuple[str, ...] = POLICIES,
+                    reference_store_all: bool = False) -> list[tuple[str, int, bool]]:
     """(policy, replayed tokens, commit flushes). Replay: a cache just flushed (m = 1, every
-    commit flushes) and one holding m - 1 steps of accepted paths, committed both ways."""
+    commit flushes) and one holding m - 1 steps of accepted paths, committed both ways.
+    `policies` filters; `reference_store_all` adds store_all at STORE_ALL_REFERENCE cases."""
     full_cache = (FLUSH_INTERVAL - 1) * (c.depth + 1)
     out = [("store_all", 0, True), ("reconstruct", 0, True), ("replay", 0, True)]
     if full_cache + c.T <= MAX_POSITIONS:
         out += [("replay", full_cache, False), ("replay", full_cache, True)]
-    return out
+    ref = reference_store_all and (c.model, c.tree, c.B) in STORE_ALL_REFERENCE
+    return [v for v in out if v[0] in policies or (ref and v[0] == "store_all")]
 
 
 # ---------------------------------------------------------------- extras for the provenance
-def solve_vs_T(B: int = 64, model: str = "qwen3.5-35b-a3b") -> list[dict]:
-    """reconstruct verify on chains, kernel by kernel (graph timing): the tree prep, the
-    triangular solve (never reads the state) and the pass over the state."""
+def kernels_vs_T(copy_bw: float, B: int = 64, model: str = "qwen3.5-35b-a3b",
+                 Ts: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)) -> list[dict]:
+    """reconstruct on chains, kernel by kernel (graph timing): the tree prep, the state pass
+    (`_rows_kernel` for T <= ROWS_MAX, else the blocked solve + apply, the solve also alone)
+    and the commit to the deepest node; each pass over the state with its % of copy bandwidth."""
     hk, hv = MODELS[model]
     out = []
-    for T in (1, 2, 4, 8, 16, 32, 64, 128):
+    for T in Ts:
         c = Case(model, hk, hv, B, "chain", tuple(chain(T)))
         copies = max(2, math.ceil(COLD_BYTES / policy_bytes(c, "reconstruct", 0, True)[0]))
         xs = [make_copy(c, s) for s in range(copies)]
+        acc = torch.full((B,), T - 1, dtype=torch.int32, device=DEVICE)
         for x in xs:
             x["lengths"] = lengths_or_full(None, B, T, DEVICE)
             x["mask"], x["gc"] = tree_prep(x["parent"], x["lengths"], x["g"])
+            x["ctx"] = reconstruct.verify(**{n: x[n] for n in ("q", "k", "v", "g", "beta", "parent", "state",
+                                                                "lengths")}, check=False)[1]
         t = dict(prep=[lambda x=x: tree_prep(x["parent"], x["lengths"], x["g"]) for x in xs],
-                 solve=[lambda x=x: solve(x["q"], x["k"], x["v"], x["beta"], x["mask"], x["gc"], x["lengths"])
-                        for x in xs],
-                 verify=[lambda x=x: wy_verify(x["q"], x["k"], x["v"], x["g"], x["beta"], x["parent"], x["state"],
-                                               x["lengths"]) for x in xs])
-        row = dict(model=model, B=B, T=T)
+                 state_pass=[lambda x=x: state_pass(x["q"], x["k"], x["v"], x["beta"], x["state"], x["mask"], x["gc"],
+                                                    x["lengths"]) for x in xs],
+                 commit=[lambda x=x: wy_state(x["ctx"], acc, out=x["state"]) for x in xs])
+        if not uses_rows(T):
+            t["solve"] = [lambda x=x: solve(x["q"], x["k"], x["v"], x["beta"], x["mask"], x["gc"], x["lengths"])
+                          for x in xs]
+        row = dict(model=model, B=B, T=T, state_pass_kernel="rows" if uses_rows(T) else "blocked solve + apply")
         row.update({f"{name}_us": round(time_graph(calls), 2) for name, calls in t.items()})
+        vb, cb = policy_bytes(c, "reconstruct", 0, True)  # the state pass moves all of verify's bytes but g's
+        row["state_pass_pct_of_copy_bw"] = round(100 * vb / (row["state_pass_us"] * 1e-6) / copy_bw, 1)
+        row["commit_pct_of_copy_bw"] = round(100 * cb / (row["commit_us"] * 1e-6) / copy_bw, 1)
         out.append(row)
         del xs, t
     return out
@@ -344,6 +402,10 @@ def fla_reference(copy_bw: float) -> dict:
 
 
 def environment(args: argparse.Namespace) -> dict:
+    if REHEARSAL:
+        return dict(gpu="none (CPU rehearsal, TRITON_INTERPRET=1, toy sizes)", torch=torch.__version__,
+                    triton=triton.__version__, git_commit=args.git_commit,
+                    command=" ".join([os.path.basename(sys.executable)] + sys.argv))
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
                          capture_output=True, text=True)
     p = torch.cuda.get_device_properties(0)
@@ -363,8 +425,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="start no new case after this many seconds (0: no limit); the rest is listed as not run")
     ap.add_argument("--git-commit", default=os.environ.get("GIT_COMMIT", "unknown"),
                     help="commit of the code measured (the device copy has no .git)")
+    ap.add_argument("--policies", default=",".join(POLICIES),
+                    help="comma-separated policies to time (default: all three)")
+    ap.add_argument("--reference-store-all", action="store_true",
+                    help="also time store_all at 35B-A3B (1,1,1), B in {64, 128}, as a same-run reference")
+    ap.add_argument("--no-fla", action="store_true", help="skip the fla outside reference")
+    ap.add_argument("--stem", default="kernels", help="output names: STEM.csv and STEM_provenance.json")
+    ap.add_argument("--kernel-ts", default="1,2,4,8,16,32,64,128",
+                    help="chain lengths T of the kernel-by-kernel table (B = 64; empty: none)")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    if not policies or any(p not in POLICIES for p in policies):
+        ap.error(f"--policies takes a comma-separated subset of {','.join(POLICIES)}, got {args.policies!r}")
+    if not torch.cuda.is_available() and not REHEARSAL:
         print("bench: needs a CUDA GPU (run it through the device tool)", file=sys.stderr)
         return 2
     t_start = time.time()
@@ -380,18 +453,29 @@ def main(argv: list[str] | None = None) -> int:
                   "cache + path, append 2 x path inputs",
         "units": "S = B Hv 128 128 x 4 (float32 state); q, k, v, o bf16; g, beta, u float32",
     }
-    prov_path = args.out / "kernels_provenance.json"
-    prov["solve_vs_T"] = solve_vs_T(B=64)
-    for r in prov["solve_vs_T"]:
-        print("solve", r, flush=True)
+    prov["policies"] = list(policies) + (["store_all (reference: 35B (1,1,1), B 64, 128)"]
+                                         if args.reference_store_all and "store_all" not in policies else [])
+    prov["rows_max"] = ROWS_MAX
+    prov_path = args.out / f"{args.stem}_provenance.json"
+    kts = tuple(int(t) for t in args.kernel_ts.split(",") if t.strip())
     try:
-        prov["fla_fused_recurrent"] = fla_reference(copy_bw)
+        prov["kernels_vs_T"] = kernels_vs_T(copy_bw, B=KERNELS_B, Ts=kts) if "reconstruct" in policies and kts else []
+    except Exception as exc:  # the per-kernel table failing must not lose the main rows
+        prov["kernels_vs_T"] = [{"error": f"{type(exc).__name__}: {exc}"}]
+        gc.collect()
+        if not REHEARSAL:
+            torch.cuda.empty_cache()
+    for r in prov["kernels_vs_T"]:
+        print("kernels", r, flush=True)
+    try:
+        prov["fla_fused_recurrent"] = ({"available": False, "reason": "--no-fla"} if args.no_fla
+                                       else fla_reference(copy_bw))
     except Exception as exc:  # an outside reference failing must not lose our own measurements
         prov["fla_fused_recurrent"] = {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
     print("fla", json.dumps(prov["fla_fused_recurrent"])[:3000], flush=True)
     prov_path.write_text(json.dumps(prov, indent=1) + "\n")  # partial, rewritten at the end
     skipped = []
-    csv_path = args.out / "kernels.csv"
+    csv_path = args.out / f"{args.stem}.csv"
     with csv_path.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=FIELDS)
         w.writeheader()
@@ -399,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.budget_s and time.time() - t_start > args.budget_s:
                 skipped.append(f"{c.model} B={c.B} T={c.T} {c.tree}: not run (time budget {args.budget_s:.0f} s)")
                 continue
-            for policy, replayed, flush in policy_variants(c):
+            for policy, replayed, flush in policy_variants(c, policies, args.reference_store_all):
                 rows = run_policy(c, policy, replayed, flush, copy_bw)
                 if not rows:
                     skipped.append(f"{c.model} {policy} B={c.B} T={c.T}: one call's buffers exceed {MAX_FOOTPRINT >> 30} GiB")

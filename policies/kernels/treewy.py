@@ -1,14 +1,24 @@
 """Triton kernels of the closed-form tree solve (TreeWY), shared by reconstruct and replay.
 
-Verify is three launches, commit one:
+Verify is two launches for trees of at most ROWS_MAX (4) positions, three beyond; commit one:
   `_prep_kernel`   one program per tree: the ancestor-or-self mask (by repeated squaring
                    of the one-hot parent matrix, so no per-node loop) and the cumulative
                    log-decays G along every node's path.
-  `_solve_kernel`  the triangular solve, which never reads the state: with
+  `_rows_kernel`   (T <= ROWS_MAX) solve and state pass in one, store_all's pattern: the
+                   state tile S_0[rv, :] in registers, read once; positions in parent-first
+                   order, each one two float32 mat-vecs on the tile (S_0 k_t, S_0 q_t) plus
+                   the small ancestor sums over the pseudo-values found so far. H200, 35B
+                   shapes, B = 64: 46 / 79 / 144 us at T = 1 / 2 / 4 against 230-356 us for
+                   the blocked pair, but each further position costs ~35-130 us (latency-bound
+                   per row), so past T = 4 the blocked pair is faster (T = 8: 398 vs ~368 us).
+  `_solve_kernel`  (T > ROWS_MAX) the triangular solve, which never reads the state: with
                    W = (I + diag(b) A)^-1 diag(b) and Att the masked decayed q.k matrix,
-                   X = W [G k | v] and Z = Att X, BC positions at a time.
-  `_apply_kernel`  the one pass over the state: u = X_v - X_k S0^T, o = Z_v + (G q - Z_k) S0^T.
-  `_state_kernel`  the commit: S_a = G_a S_0 + sum over the path (G_a / G_i) u_i k_i^T, in place.
+                   X = W [G k | v] and Z = Att X, BC positions at a time (tf32x3 tl.dot).
+  `_apply_kernel`  (T > ROWS_MAX) the one pass over the state: u = X_v - X_k S0^T,
+                   o = Z_v + (G q - Z_k) S0^T.
+  `_state_kernel`  the commit: S_a = G_a S_0 + sum over the path (G_a / G_i) u_i k_i^T, in
+                   place. An unrolled, branch-free path loop (T <= COMMIT_UNROLL_MAX) measured
+                   no faster on the H200 (T = 8, 16: slower), so it is off by default.
 Rows of the state are independent, so every state pass splits d_v across programs.
 Shapes are fixed by the maximum T only: the tree lives in device tensors, so a CUDA
 graph captured once replays for any tree of at most T positions.
@@ -24,6 +34,12 @@ import triton.language as tl
 
 BC = 16  # positions per block: the smallest tl.dot tile
 MAX_POSITIONS = 128  # the ancestor mask is one [BT, BT] tile per tree
+# Trees of up to ROWS_MAX positions (rounded up to a power of two) verify in one kernel, row by
+# row on the register state tile (`_rows_kernel`); larger ones through the blocked tl.dot solve +
+# apply. `_rows_kernel` is exact for any T <= 128 (tests force it); 4 is where it stops winning.
+ROWS_MAX = int(os.environ.get("GDN_ROWS_MAX", "4"))
+ROWS_UNROLL_MAX = 16  # `_rows_kernel` unrolls its rows for trees of at most this many positions
+COMMIT_UNROLL_MAX = int(os.environ.get("GDN_COMMIT_UNROLL_MAX", "0"))  # 0: the looped commit
 # tf32x3 keeps float32 accuracy (~1e-7 relative) on the tensor cores; plain tf32 does not.
 DOT_PRECISION = os.environ.get("GDN_DOT_PRECISION", "tf32x3")
 
@@ -156,8 +172,100 @@ def _apply_kernel(q_ptr, state_ptr, gc_ptr, lengths_ptr, x_ptr, z_ptr, o_ptr, u_
 
 
 @triton.jit
+def _rows_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, lengths_ptr, o_ptr, u_ptr,
+                 T, Hk, Hv, O_START, T_OUT,
+                 DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr, BT: tl.constexpr,
+                 UNROLLED: tl.constexpr):
+    """Solve and state pass in one, row by row on the register tile (trees of T <= ROWS_MAX).
+
+    One program per (sequence, v-head, v-block); s = S_0[rv, :] stays in registers and is read
+    once. For each position t in parent-first order, with U the pseudo-values found so far:
+      u_t = b_t (v_t - G_t S_0 k_t - sum_{i strict anc} (G_t/G_i)(k_t.k_i) u_i)
+      o_t = G_t S_0 q_t + sum_{i anc or self} (G_t/G_i)(q_t.k_i) u_i
+    All products are float32 mat-vecs (exact to ~1e-7, no tensor-core rounding). UNROLLED
+    (BR <= 16): all BR rows unrolled, positions past the length masked to zero rows, so every
+    row's loads and S_0 mat-vecs can be scheduled together; else a loop over the valid
+    positions that loads row t + 1 while computing row t.
+    """
+    pid = tl.program_id(0)
+    NV: tl.constexpr = DV // BV
+    bh = pid // NV
+    b = (bh // Hv).to(tl.int64)
+    h = bh % Hv
+    hk = h // (Hv // Hk)
+    n = tl.load(lengths_ptr + b)
+    r = tl.arange(0, BR)
+    rk = tl.arange(0, DK)
+    rv = (pid % NV) * BV + tl.arange(0, BV)
+    s = tl.load(state_ptr + ((b * Hv + h) * DV + rv[:, None]) * DK + rk[None, :]).to(tl.float32)
+    valid = r < n
+    kall = tl.load(k_ptr + ((b * T + r[:, None]) * Hk + hk) * DK + rk[None, :], mask=valid[:, None],
+                   other=0.0).to(tl.float32)
+    gall = tl.load(gc_ptr + (b * T + r) * Hv + h, mask=valid, other=0.0)
+    U = tl.zeros([BR, BV], dtype=tl.float32)
+    if UNROLLED:
+        ball = tl.load(beta_ptr + (b * T + r) * Hv + h, mask=valid, other=0.0).to(tl.float32)
+        for t in tl.static_range(BR):
+            # Rows t >= n load zeros: b_t = 0 and an empty ancestor row give u_t = o_t = 0.
+            kt = tl.load(k_ptr + ((b * T + t) * Hk + hk) * DK + rk, mask=(rk * 0 + t) < n, other=0.0).to(tl.float32)
+            qt = tl.load(q_ptr + ((b * T + t) * Hk + hk) * DK + rk, mask=(rk * 0 + t) < n, other=0.0).to(tl.float32)
+            vt = tl.load(v_ptr + ((b * T + t) * Hv + h) * DV + rv, mask=(rv * 0 + t) < n, other=0.0).to(tl.float32)
+            bt = tl.sum(tl.where(r == t, ball, 0.0), axis=0)
+            gt = tl.sum(tl.where(r == t, gall, 0.0), axis=0)
+            anc = (tl.load(mask_ptr + b * BT * BT + t * BT + r) != 0) & valid
+            dec = tl.where(anc, tl.exp(gt - gall), 0.0)
+            sk = tl.sum(s * kt[None, :], axis=1)
+            sq = tl.sum(s * qt[None, :], axis=1)
+            kk = tl.sum(kall * kt[None, :], axis=1)
+            qk = tl.sum(kall * qt[None, :], axis=1)
+            et = tl.exp(gt)
+            wk = tl.where(r != t, dec * kk, 0.0)
+            ut = bt * (vt - et * sk - tl.sum(wk[:, None] * U, axis=0))
+            U = tl.where(r[:, None] == t, ut[None, :], U)
+            ot = et * sq + tl.sum((dec * qk)[:, None] * U, axis=0)
+            tl.store(u_ptr + ((b * T + t) * Hv + h) * DV + rv, ut, mask=(rv * 0 + t) < T)
+            tl.store(o_ptr + ((b * T_OUT + t - O_START) * Hv + h) * DV + rv, ot.to(o_ptr.dtype.element_ty),
+                     mask=((rv * 0 + t) < T) & ((rv * 0 + t) >= O_START))
+    else:
+        # Row 0 (n >= 1: lengths are at least 1), then row min(t + 1, n - 1) ahead of each step.
+        kt = tl.load(k_ptr + (b * T * Hk + hk) * DK + rk).to(tl.float32)
+        qt = tl.load(q_ptr + (b * T * Hk + hk) * DK + rk).to(tl.float32)
+        vt = tl.load(v_ptr + (b * T * Hv + h) * DV + rv).to(tl.float32)
+        bt = tl.load(beta_ptr + b * T * Hv + h).to(tl.float32)
+        at = tl.load(mask_ptr + b * BT * BT + r)
+        for t in range(0, n):
+            nx = tl.minimum(t + 1, n - 1)
+            kn = tl.load(k_ptr + ((b * T + nx) * Hk + hk) * DK + rk).to(tl.float32)
+            qn = tl.load(q_ptr + ((b * T + nx) * Hk + hk) * DK + rk).to(tl.float32)
+            vn = tl.load(v_ptr + ((b * T + nx) * Hv + h) * DV + rv).to(tl.float32)
+            bn = tl.load(beta_ptr + (b * T + nx) * Hv + h).to(tl.float32)
+            an = tl.load(mask_ptr + b * BT * BT + nx * BT + r)
+            gt = tl.sum(tl.where(r == t, gall, 0.0), axis=0)
+            anc = (at != 0) & valid
+            dec = tl.where(anc, tl.exp(gt - gall), 0.0)
+            sk = tl.sum(s * kt[None, :], axis=1)
+            sq = tl.sum(s * qt[None, :], axis=1)
+            kk = tl.sum(kall * kt[None, :], axis=1)
+            qk = tl.sum(kall * qt[None, :], axis=1)
+            et = tl.exp(gt)
+            wk = tl.where(r != t, dec * kk, 0.0)
+            ut = bt * (vt - et * sk - tl.sum(wk[:, None] * U, axis=0))
+            U = tl.where(r[:, None] == t, ut[None, :], U)
+            ot = et * sq + tl.sum((dec * qk)[:, None] * U, axis=0)
+            tl.store(u_ptr + ((b * T + t) * Hv + h) * DV + rv, ut)
+            if t >= O_START:
+                tl.store(o_ptr + ((b * T_OUT + t - O_START) * Hv + h) * DV + rv, ot.to(o_ptr.dtype.element_ty))
+            kt, qt, vt, bt, at = kn, qn, vn, bn, an
+        for t in range(n, T):
+            tl.store(u_ptr + ((b * T + t) * Hv + h) * DV + rv, tl.zeros([BV], dtype=tl.float32))
+            if t >= O_START:
+                tl.store(o_ptr + ((b * T_OUT + t - O_START) * Hv + h) * DV + rv,
+                         tl.zeros([BV], dtype=o_ptr.dtype.element_ty))
+
+
+@triton.jit
 def _state_kernel(k_ptr, state_ptr, mask_ptr, gc_ptr, u_ptr, acc_ptr, out_ptr, T, Hk, Hv, A_OFFSET,
-                  DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr):
+                  DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, UNROLL: tl.constexpr):
     """S_a = G_a S_0 + sum over the path to a of (G_a / G_i) u_i k_i^T, one rank-1 update per path node."""
     pid = tl.program_id(0)
     NV: tl.constexpr = DV // BV
@@ -171,13 +279,24 @@ def _state_kernel(k_ptr, state_ptr, mask_ptr, gc_ptr, u_ptr, acc_ptr, out_ptr, T
     p_s = ((b * Hv + h) * DV + rv[:, None]) * DK + rk[None, :]
     ga = tl.load(gc_ptr + (b * T + a) * Hv + h)
     s = tl.exp(ga) * tl.load(state_ptr + p_s).to(tl.float32)
-    # Ancestors precede a (parent-first order).
-    for i in range(0, a + 1):
-        if tl.load(mask_ptr + b * BT * BT + a * BT + i) != 0:
-            w = tl.exp(ga - tl.load(gc_ptr + (b * T + i) * Hv + h))
-            ui = tl.load(u_ptr + ((b * T + i) * Hv + h) * DV + rv)
-            ki = tl.load(k_ptr + ((b * T + i) * Hk + hk) * DK + rk).to(tl.float32)
+    if UNROLL > 0:
+        # Small trees: every position, unrolled and branch-free, so all path loads are in flight
+        # at once; positions off the path (the mask is 0 past the tree's length) load nothing.
+        for i in tl.static_range(UNROLL):
+            m = tl.load(mask_ptr + b * BT * BT + a * BT + i).to(tl.int32)
+            gi = tl.load(gc_ptr + (b * T + i) * Hv + h)  # i < T: written by the prep for every position
+            w = tl.where(m != 0, tl.exp(ga - gi), 0.0)
+            ui = tl.load(u_ptr + ((b * T + i) * Hv + h) * DV + rv, mask=(rv * 0 + m) != 0, other=0.0)
+            ki = tl.load(k_ptr + ((b * T + i) * Hk + hk) * DK + rk, mask=(rk * 0 + m) != 0, other=0.0).to(tl.float32)
             s += (w * ui)[:, None] * ki[None, :]
+    else:
+        # Ancestors precede a (parent-first order).
+        for i in range(0, a + 1):
+            if tl.load(mask_ptr + b * BT * BT + a * BT + i) != 0:
+                w = tl.exp(ga - tl.load(gc_ptr + (b * T + i) * Hv + h))
+                ui = tl.load(u_ptr + ((b * T + i) * Hv + h) * DV + rv)
+                ki = tl.load(k_ptr + ((b * T + i) * Hk + hk) * DK + rk).to(tl.float32)
+                s += (w * ui)[:, None] * ki[None, :]
     tl.store(out_ptr + p_s, s.to(out_ptr.dtype.element_ty))
 
 
@@ -194,6 +313,11 @@ class TreeSolve:
     u: torch.Tensor
     gc: torch.Tensor
     mask: torch.Tensor
+
+
+def rows_block(T: int) -> int:
+    """Rows of `_rows_kernel`'s pseudo-value tile: positions padded to a power of two."""
+    return max(2, triton.next_power_of_2(T))
 
 
 def block_v(dv: int) -> int:
@@ -251,13 +375,35 @@ def wy_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
         raise ValueError(f"T (verify positions, replayed cache included) must be at most {MAX_POSITIONS}, got {T}")
     mask, gc = tree_prep(parent, lengths, g)
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
-    x, z = solve(q, k, v, beta, mask, gc, lengths)
+    o, u = state_pass(q, k, v, beta, state, mask, gc, lengths, out_start)
+    return o, TreeSolve(k=k, state=state, lengths=lengths, u=u, gc=gc, mask=mask)
+
+
+def uses_rows(T: int) -> bool:
+    """Whether verify of T positions runs `_rows_kernel` (else the blocked solve + apply)."""
+    return rows_block(T) <= ROWS_MAX
+
+
+def state_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, state: torch.Tensor,
+               mask: torch.Tensor, gc: torch.Tensor, lengths: torch.Tensor,
+               out_start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Verify after the prep: o [B, T - out_start, Hv, Dv] and u [B, T, Hv, Dv] float32 from one
+    read of the state; small trees in one kernel, large ones through the blocked solve + apply."""
+    B, T, Hk, DK = q.shape
+    Hv, DV = v.shape[2:]
     o = torch.empty(B, T - out_start, Hv, DV, dtype=v.dtype, device=v.device)
     u = torch.empty(B, T, Hv, DV, dtype=torch.float32, device=v.device)
     BV = block_v(DV)
+    if uses_rows(T):
+        BR = rows_block(T)
+        _rows_kernel[(B * Hv * (DV // BV),)](q, k, v, beta, state, mask, gc, lengths, o, u, T, Hk, Hv, out_start,
+                                             T - out_start, DK=DK, DV=DV, BV=BV, BR=BR, BT=mask.shape[-1],
+                                             UNROLLED=BR <= ROWS_UNROLL_MAX, num_warps=4 if BR <= 16 else 8)
+        return o, u
+    x, z = solve(q, k, v, beta, mask, gc, lengths)
     _apply_kernel[(B * Hv * (DV // BV),)](q, state, gc, lengths, x, z, o, u, T, Hk, Hv, out_start, T - out_start,
                                           DK=DK, DV=DV, BV=BV, BC=BC, PREC=DOT_PRECISION, num_warps=4)
-    return o, TreeSolve(k=k, state=state, lengths=lengths, u=u, gc=gc, mask=mask)
+    return o, u
 
 
 def solve(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, mask: torch.Tensor,
@@ -277,6 +423,8 @@ def wy_state(ctx: TreeSolve, accepted: torch.Tensor, out: torch.Tensor, offset: 
     B, T, Hk, DK = ctx.k.shape
     Hv, DV = ctx.u.shape[2:]
     BV = block_v(DV)
+    unroll = T if T <= COMMIT_UNROLL_MAX else 0
     _state_kernel[(B * Hv * (DV // BV),)](ctx.k, ctx.state, ctx.mask, ctx.gc, ctx.u, accepted.to(torch.int32), out,
-                                          T, Hk, Hv, offset, DK=DK, DV=DV, BV=BV, BT=ctx.mask.shape[-1], num_warps=4)
+                                          T, Hk, Hv, offset, DK=DK, DV=DV, BV=BV, BT=ctx.mask.shape[-1],
+                                          UNROLL=unroll, num_warps=4)
     return out
