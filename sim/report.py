@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from policies import make_policy
-from sim.config import GiB, load_model, load_policy
+from sim.config import GiB, RunConfig, load_model, load_policy
 
 BASELINE = "store_all"
 # Ratio metric -> (label, which way is better). The ratio is policy / baseline.
@@ -86,12 +86,16 @@ def build_table(records: list[dict[str, Any]]) -> pd.DataFrame:
     for rec in records:
         # "The same point" as the baseline = every config field but the policy.
         sigs.append(json.dumps({k: v for k, v in rec["config"].items() if k != "policy"}, sort_keys=True))
-        config = _flatten(rec["config"])
+        # Fresh records keep insertion order, stored ones come back with sorted keys: put both
+        # in RunConfig's field order (and summaries sorted) so points.csv does not depend on
+        # which points were cached.
+        config = _flatten(RunConfig.model_validate(rec["config"]).model_dump(mode="json"))
         tree, blocks = _policy_facts(rec["config"], cache)
         row = {"key": rec["key"], "status": rec["status"], **config, "tree": tree, "state_blocks_per_layer": blocks}
         # The summary echoes some config fields (model, gmu, max_concurrency, ...): keep the config's.
         echoes = set(row) | {c.rsplit(".", 1)[-1] for c in config}
-        row.update({k: v for k, v in _flatten(rec.get("summary") or {}).items() if k not in echoes})
+        summary = _flatten(rec.get("summary") or {})
+        row.update({k: summary[k] for k in sorted(summary) if k not in echoes})
         row["error"] = rec.get("error") or ""
         rows.append(row)
     df = pd.DataFrame(rows)

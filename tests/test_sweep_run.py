@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 import sim.sweep as sweep
+from sim.report import write_points_csv
 from sim.cli import main as cli
 from sim.config import ConfigError, RunConfig
 from sim.grid import load_grid
@@ -102,6 +103,11 @@ def test_sweep_runs_records_and_resumes(grid_file, tmp_path):
     again = sweep.run_sweep(points, out, jobs=2, simulate=fake_simulate, prepare=no_prepare, progress=False)
     assert (again.ran, again.cached) == (0, 36)
     assert again.records == res.records
+    # points.csv is the same file whether its points were just run or read back from disk.
+    fresh = write_points_csv(res.records, tmp_path / "fresh.csv")
+    cached = write_points_csv(again.records, tmp_path / "cached.csv")
+    assert list(fresh.columns) == list(cached.columns)
+    assert (tmp_path / "fresh.csv").read_bytes() == (tmp_path / "cached.csv").read_bytes()
 
 
 def test_corrupt_points_are_recomputed(grid_file, tmp_path):
