@@ -237,11 +237,25 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def format_validation_error(source: str, err: ValidationError) -> str:
+def _fields_at(cls: type[BaseModel], loc: tuple) -> list[str]:
+    """The field names allowed where an unknown key `loc` was found."""
+    for part in loc[:-1]:
+        field = cls.model_fields.get(str(part))
+        ann = getattr(field, "annotation", None)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return []
+        cls = ann
+    return list(cls.model_fields)
+
+
+def format_validation_error(source: str, err: ValidationError, cls: type[BaseModel] | None = None) -> str:
     lines = [f"{source}: invalid configuration"]
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        lines.append(f"  {loc}: {e['msg']}")
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden" and cls is not None and (valid := _fields_at(cls, e["loc"])):
+            msg = f"unknown field; valid: {', '.join(valid)}"
+        lines.append(f"  {loc}: {msg}")
     return "\n".join(lines)
 
 
@@ -249,7 +263,7 @@ def validate(cls: type[BaseModel], data: dict[str, Any], source: str) -> Any:
     try:
         return cls.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(source, e)) from None
+        raise ConfigError(format_validation_error(source, e, cls)) from None
 
 
 def _resolve(kind: str, name_or_path: str) -> Path:
