@@ -25,6 +25,7 @@ fallback model and are labelled so in `sources`.
 """
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from pathlib import Path
@@ -345,6 +346,29 @@ def _select(rows: list[dict], policy: str, widths: tuple[int, ...], replay_col: 
     return [r for r in sel if _tree_key(r["tree"]) in (None, (t - 1,), (t,))]
 
 
+def _chain_between(rows: list[dict], policy: str, t: int, replay_col: str | None) -> list[dict]:
+    """A chain of t positions that was not benchmarked: per (B, mode), log-log between the
+    nearest measured chains below and above t (kernel time grows smoothly with chain length)."""
+    measured = {}
+    for T in sorted({int(r["T"]) for r in rows if r["policy"] == policy and int(r["T"]) >= 2}):
+        sel = _select(rows, policy, (1,) * (T - 1), replay_col, flush=1)
+        if sel:
+            measured[T] = {(r["B"], r["mode"]): r for r in sel}
+    lo = max((T for T in measured if T < t), default=None)
+    hi = min((T for T in measured if T > t), default=None)
+    if lo is None or hi is None:
+        return []
+    w = math.log(t / lo) / math.log(hi / lo)
+    out = []
+    for key, r in measured[lo].items():
+        h = measured[hi].get(key)
+        if h is None:
+            continue
+        out.append({**r, "T": t, "tree": f"chain {t} (between {lo} and {hi})",
+                    **{c: float(r[c]) ** (1 - w) * float(h[c]) ** w for c in ("verify_us", "commit_us")}})
+    return out
+
+
 def _nodes(widths: tuple[int, ...]) -> list[int]:
     out, n = [], 1
     for w in widths:
@@ -371,6 +395,8 @@ def load_kernels(path: Path, model: ModelConfig, policy: CommitPolicy, *, extrap
     out: dict[str, Any] = {}
     # Rows without replayed tokens commit with a flush (the state written back).
     sel = _select(rows, policy.kernel, widths, rep, flush=1)
+    if not sel and policy.tree.is_chain:
+        sel = _chain_between(rows, policy.kernel, policy.tree.verify_positions, rep)
     out["verify"] = _by_mode(f"kernels/{policy.kernel}.verify", sel, "verify_us", extrapolate)
     out["commit"] = _by_mode(f"kernels/{policy.kernel}.commit", sel, "commit_us", extrapolate)
     if rep and policy.name == "replay":

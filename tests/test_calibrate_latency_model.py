@@ -227,3 +227,19 @@ def test_fast_enough_for_the_engine(tmp_path):
         lm.step_time(b)
     per_call = (time.perf_counter() - t0) / len(batches)
     assert per_call < 100e-6, f"{per_call * 1e6:.1f} us per step_time"
+
+
+def test_unmeasured_chain_length_is_interpolated_between_measured_chains(tmp_path):
+    root = make_tables(tmp_path, kernels=False)
+    cols = ("model", "policy", "B", "T", "tree", "verify_us", "commit_us", "total_us", "mode")
+    # Chains of 2 and 8 positions measured; the policy's (1,1,1) chain (4 positions) is not.
+    rows = [{"model": MODEL, "policy": "reconstruct", "B": b, "T": t, "tree": tree, "verify_us": v * b,
+             "commit_us": 1.0 * b, "total_us": (v + 1.0) * b, "mode": mode}
+            for t, tree, v in ((2, "chain", 10.0), (8, "1,1,1,1,1,1,1", 40.0))
+            for b in (1, 8, 64) for mode in ("graph", "eager")]
+    write_csv(root / "kernels.csv", rows, cols)
+    lm = load(root, policy="reconstruct")
+    assert lm.sources.by_term["gdn_verify"] == "calibrated"
+    verify = lm.kernels["verify"]["graph"]
+    # log-log halfway between T = 2 and T = 8: the geometric mean, 20 us per request.
+    assert verify(8) == pytest.approx(20.0 * 8)
