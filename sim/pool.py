@@ -59,11 +59,10 @@ class PagedPool(Pool):
 
     def __init__(self, layout: BlockLayout) -> None:
         super().__init__(layout.num_blocks, layout.state_blocks, layout.block_bytes)
-        self.block_tokens = layout.attn_block_tokens
-        self.attn_groups = layout.attn_groups
+        self.layout = layout
 
     def attn_units(self, tokens: int) -> int:
-        return self.attn_groups * -(-tokens // self.block_tokens)
+        return self.layout.attn_blocks(tokens)
 
 
 class IdealPool(Pool):
