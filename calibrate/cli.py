@@ -14,9 +14,9 @@ import shutil
 import tarfile
 from pathlib import Path
 
+from core.config import REPO_ROOT, ConfigError, load_hardware, load_model, model_names
 from calibrate import provenance
 from calibrate.grid import ALL_JOBS, jobs_for_part
-from sim.config import REPO_ROOT, ConfigError, load_hardware, load_model, model_names
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

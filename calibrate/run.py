@@ -13,10 +13,10 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
+from core.config import HardwareConfig, ModelConfig
+from core.tables import STEP_COLUMNS, write_rows
 from calibrate import provenance
 from calibrate.grid import FULL, QUICK, Grid
-from calibrate.tables import STEP_COLUMNS, write_rows
-from sim.config import HardwareConfig, ModelConfig
 
 
 GDN_PREFILL_DEADLINE_S = 45.0  # fla autotunes each new shape; bound the job's device time

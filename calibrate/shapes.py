@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.config import ModelConfig
+from core.config import ModelConfig
 
 ROTARY_FRACTION = 4  # Qwen3.5 rotates head_dim / 4 of each attention head (partial RoPE)
 

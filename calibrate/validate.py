@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from calibrate.interp import from_rows
-from calibrate.tables import STEP_COLUMNS, TABLES, read_rows
-from sim.config import EngineConfig, HardwareConfig, ModelConfig, load_policy
+from core.config import EngineConfig, HardwareConfig, ModelConfig, load_policy
+from core.interp import from_rows
+from core.tables import STEP_COLUMNS, TABLES, read_rows
 
 MODES = ("graph", "eager")
 

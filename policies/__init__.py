@@ -1,4 +1,8 @@
-"""Commit policies, chosen by name from YAML (`mamba_state_commit`)."""
+"""Commit policies, chosen by name from YAML (`mamba_state_commit`).
+
+Layer: imports only `core`. `policies.kernels` (Triton) is never imported from here:
+the simulator must run without torch.
+"""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -10,7 +14,7 @@ from policies.store_all import StoreAll
 from policies.tree import DraftTree
 
 if TYPE_CHECKING:
-    from sim.config import ModelConfig, PolicyConfig
+    from core.config import ModelConfig, PolicyConfig
 
 POLICIES: dict[str, type[CommitPolicy]] = {"store_all": StoreAll, "reconstruct": Reconstruct, "replay": Replay}
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, ClassVar
 from policies.tree import DraftTree
 
 if TYPE_CHECKING:
-    from sim.config import ModelConfig, PolicyConfig
+    from core.config import ModelConfig, PolicyConfig
 
 
 class CommitPolicy:

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from sim.config import ConfigError
+from core.config import ConfigError
 
 REFERENCE_ACCEPTED_LEN = {(1, 1, 1): 3.24, (3, 3, 3): 3.58}  # DESIGN.md section 3, bonus token included
 RANK_COLUMNS = 16  # candidate ranks listed per row of the default distribution

@@ -13,7 +13,7 @@ import io
 import pstats
 import time
 
-from sim.config import RunConfig
+from core.config import RunConfig
 from sim.run import simulate
 
 TARGETS_S = {128: 2.0, 1: 10.0}  # concurrency -> wall-time target for 1,000 requests, seconds

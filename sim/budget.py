@@ -11,8 +11,8 @@ import json
 import math
 from dataclasses import asdict, dataclass
 
+from core.config import REPO_ROOT, ConfigError, EngineConfig, GiB, HardwareConfig, MiB, ModelConfig
 from policies import CommitPolicy
-from sim.config import REPO_ROOT, ConfigError, EngineConfig, GiB, HardwareConfig, MiB, ModelConfig
 
 ATTN_BLOCK_ALIGN = 16  # tokens: vLLM rounds the enlarged attention block size to the kernel block
 

@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from sim.config import ConfigError
+from core.config import ConfigError
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("sim.run", "simulate one configuration and write summary.json + requests.csv"),

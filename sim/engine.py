@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import simpy
 
+from core.config import ConfigError
 from policies import CommitPolicy
 from sim.acceptance import AcceptanceModel
 from sim.client import Client
-from sim.config import ConfigError
 from sim.latency import LatencyModel, StepBatch
 from sim.metrics import StepLog
 from sim.pool import Pool

@@ -23,7 +23,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from sim.config import ConfigError  # noqa: E402
+from core.config import ConfigError  # noqa: E402
 from sim.report import (  # noqa: E402
     BASELINE,
     RATIO_METRICS,

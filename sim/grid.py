@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from sim.config import (
+from core.config import (
     ConfigError,
     PolicyConfig,
     RunConfig,

@@ -8,7 +8,7 @@ the summary can say where each term came from (`calibrated`, `analytic`, `derive
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 # Term names, in the order they are summed. Every LatencyModel returns all of them.
 TERMS: tuple[str, ...] = (
@@ -76,22 +76,3 @@ class LatencyModel(Protocol):
     sources: LatencySources
 
     def step_time(self, batch: StepBatch) -> StepTime: ...
-
-
-if TYPE_CHECKING:
-    from policies import CommitPolicy
-    from sim.config import EngineConfig, HardwareConfig, ModelConfig
-
-
-def make_latency_model(model: ModelConfig, hw: HardwareConfig, policy: CommitPolicy,
-                       engine_cfg: EngineConfig) -> LatencyModel:
-    """Calibrated tables where they exist (the analytic roofline fills missing terms), else analytic."""
-    from sim.latency_analytic import AnalyticLatencyModel
-
-    analytic = AnalyticLatencyModel(model, hw, policy, engine_cfg)
-    try:
-        from sim.latency_calibrated import CalibratedLatencyModel
-    except ImportError:
-        return analytic
-    calibrated = CalibratedLatencyModel.load(model, hw, policy, engine_cfg, fallback=analytic)
-    return calibrated if calibrated is not None else analytic

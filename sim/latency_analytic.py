@@ -17,8 +17,8 @@ shards), with bytes and flops written out from the model's shapes:
 """
 from __future__ import annotations
 
+from core.config import EngineConfig, HardwareConfig, ModelConfig
 from policies import CommitPolicy
-from sim.config import EngineConfig, HardwareConfig, ModelConfig
 from sim.latency import TERMS, LatencySources, StepBatch, StepTime
 
 # Fixed CPU time per engine step (scheduling, input preparation, sampling

@@ -31,10 +31,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from calibrate.interp import Curve1D, GridInterpolator, from_rows
-from calibrate.tables import STEP_COLUMNS, TABLES, TableError, read_rows
+from core.config import REPO_ROOT, EngineConfig, HardwareConfig, ModelConfig, PolicyConfig, load_hardware
+from core.interp import Curve1D, GridInterpolator, from_rows
+from core.tables import STEP_COLUMNS, TABLES, TableError, read_rows
 from policies import CommitPolicy, make_policy
-from sim.config import REPO_ROOT, EngineConfig, HardwareConfig, ModelConfig, PolicyConfig, load_hardware
 from sim.latency import TERMS, LatencyModel, LatencySources, StepBatch, StepTime
 from sim.latency_analytic import GDN_FLOPS_PER_STATE_ELEMENT
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.config import EngineConfig, HardwareConfig, ModelConfig
 from policies import CommitPolicy
 from sim.budget import block_layout, memory_budget
-from sim.config import EngineConfig, HardwareConfig, ModelConfig
 
 CONTEXT_32K = 32768  # tokens: the context DESIGN.md's KV fact is stated at
 

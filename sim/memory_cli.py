@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from core.config import EngineConfig, load_hardware, load_model, load_policy, validate
 from policies import DraftTree, make_policy
-from sim.config import EngineConfig, load_hardware, load_model, load_policy, validate
 from sim.memory import memory_facts, pool_facts
 
 MiB = 1 << 20

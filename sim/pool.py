@@ -8,9 +8,9 @@ plus replay's input cache) takes once at admission. `usage` is vLLM's
 """
 from __future__ import annotations
 
+from core.config import ModelConfig
 from policies import CommitPolicy
 from sim.budget import BlockLayout
-from sim.config import ModelConfig
 
 
 class Pool:

@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from core.config import GiB, RunConfig, load_model, load_policy
+from core.files import atomic_write_text
 from policies import make_policy
-from sim.config import GiB, RunConfig, load_model, load_policy
 
 BASELINE = "store_all"
 # Ratio metric -> (label, which way is better). The ratio is policy / baseline.
@@ -129,7 +130,6 @@ def _with_baseline(df: pd.DataFrame, sig: pd.Series) -> pd.DataFrame:
 
 
 def write_points_csv(records: list[dict[str, Any]], path: Path) -> pd.DataFrame:
-    from sim.sweep import atomic_write_text
 
     df = build_table(records)
     buf = io.StringIO()
@@ -237,7 +237,6 @@ def _not_ok(df: pd.DataFrame, manifest: dict[str, Any]) -> str:
 
 
 def write_report(path: Path, df: pd.DataFrame, manifest: dict[str, Any], sections: list[Section]) -> None:
-    from sim.sweep import atomic_write_text
 
     ok = df[df["status"] == "ok"]
     counts = df["status"].value_counts()

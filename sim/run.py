@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 import yaml
 
+from core.config import (ConfigError, RunConfig, hardware_names, load_hardware, load_model, load_policy, model_names,
+                        policy_names, read_yaml, validate)
 from policies import DraftTree, make_policy
 from sim.acceptance import AcceptanceModel
 from sim.budget import block_layout, memory_budget
-from sim.config import (ConfigError, RunConfig, hardware_names, load_hardware, load_model, load_policy, model_names,
-                        policy_names, read_yaml, validate)
 from sim.engine import EngineResult, run_engine
-from sim.latency import make_latency_model
+from sim.latency_factory import make_latency_model
 from sim.metrics import EVENT_COLUMNS, STEP_COLUMNS, request_rows, summarize
 from sim.pool import make_pool
 from workloads import Workload, load_workload, workload_names

@@ -30,7 +30,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from sim.config import CONFIG_DIR, REPO_ROOT, ConfigError, RunConfig, load_hardware
+from core.config import CONFIG_DIR, REPO_ROOT, ConfigError, RunConfig, load_hardware
+from core.files import atomic_write_text
 from sim.grid import load_grid
 
 Simulate = Callable[[RunConfig], dict[str, Any]]
@@ -43,6 +44,7 @@ NOT_SIMULATOR = {"sim/sweep.py", "sim/grid.py", "sim/figures.py", "sim/report.py
 # --------------------------------------------------------------------- code version
 def _source_files(hardware: str) -> list[Path]:
     files = [p for p in (REPO_ROOT / "sim").rglob("*.py") if p.relative_to(REPO_ROOT).as_posix() not in NOT_SIMULATOR]
+    files += list((REPO_ROOT / "core").rglob("*.py"))
     files += [p for p in (REPO_ROOT / "policies").rglob("*.py") if "kernels" not in p.relative_to(REPO_ROOT).parts]
     files += list((REPO_ROOT / "workloads").rglob("*.py"))
     # Grids only choose points, and every chosen value is in the point's own key.
@@ -88,19 +90,6 @@ def git_describe() -> str:
 
 
 # ---------------------------------------------------------------------- point files
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write all of `text` or nothing: temp file in the same folder, fsync, rename."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def read_point(path: Path, key: str) -> dict[str, Any] | None:
     """A stored point if it is complete and belongs to `key`; None if absent or corrupt."""
     try:

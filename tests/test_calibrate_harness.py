@@ -6,10 +6,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from core.config import ModelConfig, load_hardware, load_model, validate  # noqa: E402
+from core.tables import COLUMNS, STEP_COLUMNS, TABLES  # noqa: E402
 from calibrate.grid import ALL_JOBS, Grid, jobs_for_part  # noqa: E402
 from calibrate.shapes import LayerShapes  # noqa: E402
-from calibrate.tables import COLUMNS, STEP_COLUMNS, TABLES  # noqa: E402
-from sim.config import ModelConfig, load_hardware, load_model, validate  # noqa: E402
 
 TINY = {
     "name": "tiny-hybrid", "hidden_size": 64, "layer_pattern": ["gdn", "gdn", "gdn", "attn"], "num_layers": 4,

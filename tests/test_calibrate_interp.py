@@ -4,7 +4,7 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from calibrate.interp import GridInterpolator, OutOfGridError, from_rows
+from core.interp import GridInterpolator, OutOfGridError, from_rows
 
 B = (1, 2, 4, 8, 16, 64)
 P = (1, 4, 16)

@@ -4,9 +4,9 @@ import time
 
 import pytest
 
-from calibrate.tables import COLUMNS, STEP_COLUMNS, TABLES, TableError
+from core.config import EngineConfig, load_hardware, load_model, load_policy
+from core.tables import COLUMNS, STEP_COLUMNS, TABLES, TableError
 from policies import make_policy
-from sim.config import EngineConfig, load_hardware, load_model, load_policy
 from sim.latency import TERMS, StepBatch
 from sim.latency_analytic import AnalyticLatencyModel
 from sim.latency_calibrated import CalibratedLatencyModel

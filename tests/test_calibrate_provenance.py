@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
+from core.config import REPO_ROOT, EngineConfig, load_hardware, load_model, load_policy
+from core.tables import TABLES, read_rows
 from calibrate.provenance import missing_fields
-from calibrate.tables import TABLES, read_rows
 from sim.cli import main as cli
-from sim.config import REPO_ROOT, EngineConfig, load_hardware, load_model, load_policy
 
 CALIB = REPO_ROOT / "results" / "calibration"
 MODEL_DIRS = sorted(d for d in CALIB.glob("*/*") if d.is_dir())

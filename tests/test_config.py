@@ -1,7 +1,7 @@
 """Config errors name the file, the field path and what is allowed."""
 import pytest
 
-from sim.config import ConfigError, EngineConfig, RunConfig, load_hardware, validate
+from core.config import ConfigError, EngineConfig, RunConfig, load_hardware, validate
 
 
 def test_unknown_nested_field_lists_the_valid_ones():

@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
+from core.config import ConfigError
 from sim.acceptance import (REFERENCE_ACCEPTED_LEN, AcceptanceModel, AcceptanceStream, accept_thresholds,
                             default_rank_rows, expected_accepted_len)
-from sim.config import ConfigError
 
 
 @pytest.mark.parametrize("widths", list(REFERENCE_ACCEPTED_LEN), ids=str)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from core.config import EngineConfig, load_hardware, load_model, load_policy
 from policies import make_policy
 from sim.acceptance import AcceptanceModel
 from sim.budget import block_layout, memory_budget
-from sim.config import EngineConfig, load_hardware, load_model, load_policy
 from sim.engine import run_engine
 from sim.latency_analytic import AnalyticLatencyModel
 from sim.latency_constant import ConstantLatencyModel

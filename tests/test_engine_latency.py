@@ -3,9 +3,10 @@ import math
 
 import pytest
 
+from core.config import EngineConfig, load_hardware, load_model, load_policy
 from policies import make_policy
-from sim.config import EngineConfig, load_hardware, load_model, load_policy
-from sim.latency import TERMS, StepBatch, make_latency_model
+from sim.latency import TERMS, StepBatch
+from sim.latency_factory import make_latency_model
 from sim.latency_analytic import AnalyticLatencyModel, STEP_OVERHEAD_S
 
 MODELS = ("qwen3.5-35b-a3b", "qwen3.5-397b-a17b")

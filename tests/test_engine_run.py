@@ -5,8 +5,8 @@ import re
 
 import pytest
 
+from core.config import RunConfig
 from sim.cli import main as cli
-from sim.config import RunConfig
 from sim.run import simulate
 
 SUMMARY_KEYS = (

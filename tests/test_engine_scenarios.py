@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.config import ConfigError, EngineConfig, load_hardware, load_model, load_policy
 from policies import make_policy
 from sim.acceptance import AcceptanceModel
 from sim.budget import block_layout, memory_budget
-from sim.config import ConfigError, EngineConfig, load_hardware, load_model, load_policy
 from sim.engine import run_engine
 from sim.latency_constant import ConstantLatencyModel
 from sim.metrics import STEP_COLUMNS, summarize

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from core.config import ConfigError
 import sim.sweep as sweep
 from sim.cli import main as cli
-from sim.config import ConfigError
 from sim.figures import make_figures
 from sim.report import read_points_csv
 from test_sweep_run import fake_simulate, no_prepare

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
+from core.config import ConfigError, EngineConfig, load_hardware, load_model, load_policy
 from policies import make_policy
 from sim.cli import main as cli
-from sim.config import ConfigError, EngineConfig, load_hardware, load_model, load_policy
 from sim.budget import block_layout, memory_budget
 from sim.memory import memory_facts
 
@@ -80,4 +80,4 @@ def test_bad_policy_field_names_file_and_field(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_policy(str(bad))
     msg = str(e.value)
-    assert str(bad) in msg and "mamba_state_commit" in msg and "'store_all', 'reconstruct' or 'replay'" in msg
+    assert str(bad) in msg and "mamba_state_commit" in msg and "'store_all', 'reconstruct', 'replay' or 'reconstruct_deferred'" in msg

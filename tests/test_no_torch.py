@@ -11,7 +11,7 @@ SCRIPT = textwrap.dedent("""
                 raise ImportError(f"{name} is blocked in this test")
     sys.meta_path.insert(0, Block())
     import sim.cli, sim.run, sim.sweep, sim.figures, sim.report, sim.latency_calibrated, workloads, policies
-    from sim.config import RunConfig
+    from core.config import RunConfig
     from sim.run import simulate
     s = simulate(RunConfig(num_requests=20, client={"max_concurrency": 4}))
     assert s["completed"] == 20 and s["latency_source"] in ("calibrated", "mixed"), s["latency_source"]

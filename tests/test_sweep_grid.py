@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.config import ConfigError, RunConfig
+from core.config import ConfigError, RunConfig
 from sim.grid import load_grid, valid_fields
 
 GRIDS = Path(__file__).resolve().parent.parent / "configs" / "grids"

@@ -15,10 +15,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from core.config import ConfigError, RunConfig
+from core.files import atomic_write_text
 import sim.sweep as sweep
 from sim.report import write_points_csv
 from sim.cli import main as cli
-from sim.config import ConfigError, RunConfig
 from sim.grid import load_grid
 from sim.report import build_table
 
@@ -161,7 +162,7 @@ def test_memory_bound_and_ratios(grid_file, tmp_path):
 
 def test_code_version_covers_simulator_not_post_processing():
     files = {p.relative_to(REPO).as_posix() for p in sweep._source_files("h200")}
-    assert {"sim/budget.py", "sim/config.py", "policies/store_all.py", "configs/models/qwen3.5-35b-a3b.yaml"} <= files
+    assert {"sim/budget.py", "core/config.py", "policies/store_all.py", "configs/models/qwen3.5-35b-a3b.yaml"} <= files
     assert "sim/figures.py" not in files and "sim/sweep.py" not in files
     assert not any(f.startswith("policies/kernels/") or f.startswith("configs/grids/") for f in files)
     cfg = RunConfig()
@@ -172,14 +173,14 @@ def test_code_version_covers_simulator_not_post_processing():
 
 def test_atomic_write_interrupted_keeps_old_file(tmp_path, monkeypatch):
     target = tmp_path / "p.json"
-    sweep.atomic_write_text(target, '{"v": 1}')
+    atomic_write_text(target, '{"v": 1}')
 
     def interrupted(fd):
         raise KeyboardInterrupt  # Ctrl-C after the bytes were written, before the rename
 
     monkeypatch.setattr(sweep.os, "fsync", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        sweep.atomic_write_text(target, '{"v": 2}')
+        atomic_write_text(target, '{"v": 2}')
     assert [p.name for p in tmp_path.iterdir()] == ["p.json"] and target.read_text() == '{"v": 1}'
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim.config import ConfigError
+from core.config import ConfigError
 
 
 class WorkloadError(ConfigError):

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from sim.config import RunConfig
+from core.config import RunConfig
 from workloads.registry import load_workload, parse_set, workload_names
 from workloads.stats import format_stats, save_histogram, workload_stats
 

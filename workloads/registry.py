@@ -7,7 +7,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from sim.config import CONFIG_DIR, format_validation_error, read_yaml
+from core.config import CONFIG_DIR, format_validation_error, read_yaml
 from workloads import azure, burstgpt, sharegpt, specbench, synthetic
 from workloads.acceptance import validate_acceptance
 from workloads.base import Sample, Workload, WorkloadError

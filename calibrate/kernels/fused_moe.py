@@ -1,4 +1,326 @@
-"""Fused MoE (placeholder: the plain-PyTorch reference until the Triton kernel lands)."""
-from calibrate.kernels.naive import fused_moe_ref as fused_moe
+"""Fused MoE in Triton: routing, expert grouping and two grouped GEMMs, no host sync.
 
-__all__ = ["fused_moe"]
+The shared expert rides along as expert number E (its sigmoid gate as its routing
+weight), so every token has NP = top_k + 1 (token, expert) pairs and both grouped
+GEMMs serve routed and shared experts in one launch each. Launches:
+
+  1. router logits (plus the shared gate as column E), fp32       `_logits_kernel`
+  2. top-k, renormalised softmax weights, sigmoid shared weight     `_topk_kernel`
+     (large batches: + per-expert pair counts, by atomics)
+  3. large batches only: per-expert offsets padded to BLOCK_M and the block -> expert
+     map (`_align_kernel`, one program), then each pair's slot in the expert-sorted
+     order (`_scatter_kernel`, atomics: the order inside an expert is arbitrary, the
+     result is not, since each pair writes its own output row)
+  4. gate+up grouped GEMM, SiLU(gate) * up fused in the epilogue   `_gate_up_kernel`
+  5. down grouped GEMM, the pair's routing weight fused             `_down_kernel`
+  6. sum of each token's NP rows (torch)
+
+Small batches skip step 3: each pair is its own M-block (one valid row of BLOCK_M),
+since with few tokens an expert rarely has two pairs and sorting costs more launches
+than it saves. Every buffer is sized from shapes alone, so the call is CUDA-graph
+capturable.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    sorted: bool  # group pairs by expert (large batches) or one pair per M-block
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+    group_m: int = 8  # M-blocks sharing an N-column in launch order (L2 reuse of weights)
+    down_block_n: int | None = None  # the down GEMM's N tile (hidden), default block_n
+
+
+def default_config(tokens: int) -> MoEConfig:
+    """Block sizes by token count (bench-tuned on the H200 where noted in NOTES.md)."""
+    if tokens <= 16:
+        return MoEConfig(sorted=False, block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=4)
+    if tokens <= 256:
+        return MoEConfig(sorted=True, block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)
+    if tokens <= 2048:
+        return MoEConfig(sorted=True, block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=4)
+    return MoEConfig(sorted=True, block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
+
+
+@triton.jit
+def _logits_kernel(x, router, gate, logits, T, H, stride_x, stride_l,
+                   E: tl.constexpr, HAS_GATE: tl.constexpr,
+                   BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):
+    pid_t, pid_e = tl.program_id(0), tl.program_id(1)
+    o_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    o_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+    m_t = o_t < T
+    m_r = o_e < E
+    m_g = (o_e == E) & HAS_GATE
+    b_acc = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_H):
+        o_h = k0 + tl.arange(0, BLOCK_H)
+        m_h = o_h < H
+        b_x = tl.load(x + o_t[:, None] * stride_x + o_h[None, :], mask=m_t[:, None] & m_h[None, :], other=0.0)
+        # Column E is the shared expert's gate row: two masked loads, only one fetches.
+        b_w = tl.load(router + o_e[:, None] * H + o_h[None, :], mask=m_r[:, None] & m_h[None, :], other=0.0)
+        b_w += tl.load(gate + o_e[:, None] * 0 + o_h[None, :], mask=m_g[:, None] & m_h[None, :], other=0.0)
+        b_acc = tl.dot(b_x, tl.trans(b_w), b_acc)
+    tl.store(logits + o_t[:, None] * stride_l + o_e[None, :], b_acc,
+             mask=m_t[:, None] & (m_r | m_g)[None, :])
+
+
+@triton.jit
+def _topk_kernel(logits, ids, weights, counts, T, stride_l,
+                 E: tl.constexpr, TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, COUNT: tl.constexpr,
+                 BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr, BINS: tl.constexpr):
+    NP: tl.constexpr = TOP_K + HAS_SHARED
+    pid = tl.program_id(0)
+    o_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    o_e = tl.arange(0, BLOCK_E)
+    o_p = tl.arange(0, BLOCK_P)
+    m_t = o_t < T
+    b_l = tl.load(logits + o_t[:, None] * stride_l + o_e[None, :], mask=m_t[:, None] & (o_e < E)[None, :],
+                  other=float("-inf"))
+    b_ids = tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.int32)
+    b_w = tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.float32)
+    b_top = tl.max(b_l, 1)
+    b_sum = tl.zeros([BLOCK_T], dtype=tl.float32)
+    # Renormalised top-k of the softmax = softmax over the k largest logits.
+    for j in tl.static_range(TOP_K):
+        b_m = tl.max(b_l, 1)
+        b_i = tl.argmax(b_l, 1)
+        b_p = tl.exp(b_m - b_top)
+        b_sum += b_p
+        b_ids = tl.where(o_p[None, :] == j, b_i[:, None], b_ids)
+        b_w = tl.where(o_p[None, :] == j, b_p[:, None], b_w)
+        b_l = tl.where(o_e[None, :] == b_i[:, None], float("-inf"), b_l)
+    b_w = b_w / b_sum[:, None]
+    if HAS_SHARED:
+        b_g = tl.load(logits + o_t * stride_l + E, mask=m_t, other=0.0)
+        b_ids = tl.where(o_p[None, :] == TOP_K, E, b_ids)
+        b_w = tl.where(o_p[None, :] == TOP_K, tl.sigmoid(b_g)[:, None], b_w)
+    m_out = m_t[:, None] & (o_p < NP)[None, :]
+    tl.store(ids + o_t[:, None] * NP + o_p[None, :], b_ids, mask=m_out)
+    tl.store(weights + o_t[:, None] * NP + o_p[None, :], b_w, mask=m_out)
+    if COUNT:
+        # Pairs outside the tile go to the spare last bin (BINS > number of experts).
+        b_bin = tl.where(m_out, b_ids, BINS - 1)
+        b_hist = tl.histogram(tl.reshape(b_bin, [BLOCK_T * BLOCK_P]), BINS)
+        o_b = tl.arange(0, BINS)
+        tl.atomic_add(counts + o_b, b_hist, mask=o_b < BINS - 1)
+
+
+@triton.jit
+def _align_kernel(counts, cursor, block_expert, max_blocks,
+                  NE: tl.constexpr, BLOCK_M: tl.constexpr, BINS: tl.constexpr, BLOCK_J: tl.constexpr):
+    o_b = tl.arange(0, BINS)
+    m_b = o_b < NE
+    b_c = tl.load(counts + o_b, mask=m_b, other=0)
+    b_pad = tl.cdiv(b_c, BLOCK_M) * BLOCK_M
+    b_end = tl.cumsum(b_pad, 0)
+    tl.store(cursor + o_b, b_end - b_pad, mask=m_b)
+    b_total = tl.sum(b_pad, 0)
+    b_end = tl.where(m_b, b_end, 2147483647)
+    for j0 in range(0, max_blocks, BLOCK_J):
+        o_j = j0 + tl.arange(0, BLOCK_J)
+        b_row = o_j * BLOCK_M
+        # The expert of an M-block: how many experts' padded ranges end at or before it.
+        b_e = tl.sum((b_end[None, :] <= b_row[:, None]).to(tl.int32), 1)
+        b_e = tl.where(b_row < b_total, b_e, -1)
+        tl.store(block_expert + o_j, b_e, mask=o_j < max_blocks)
+
+
+@triton.jit
+def _scatter_kernel(ids, cursor, sorted_pair, num_pairs, BLOCK: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = o < num_pairs
+    b_e = tl.load(ids + o, mask=m, other=0)
+    b_pos = tl.atomic_add(cursor + b_e, 1, mask=m)
+    tl.store(sorted_pair + b_pos, o, mask=m)
+
+
+@triton.jit
+def _block_rows(pid_m, sorted_pair, block_expert, ids, num_pairs, SORTED: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The M-block's expert, its pairs and which rows are real."""
+    o_m = tl.arange(0, BLOCK_M)
+    if SORTED:
+        e = tl.load(block_expert + pid_m)
+        pair = tl.load(sorted_pair + pid_m * BLOCK_M + o_m)
+        m_row = pair < num_pairs
+        row = pid_m * BLOCK_M + o_m  # rows of the intermediate: sorted order
+    else:
+        e = tl.load(ids + pid_m)
+        pair = pid_m + o_m * 0
+        m_row = o_m == 0
+        row = pair  # one pair per block: the intermediate is in pair order
+    return e, pair, m_row, row
+
+
+@triton.jit
+def _swizzle(pid, num_m, num_n, GROUP_M: tl.constexpr):
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (pid % width) % size_m, (pid % width) // size_m
+
+
+@triton.jit
+def _gate_up_kernel(x, w13, shared13, act, sorted_pair, block_expert, ids, num_pairs, num_m, H, I,
+                    stride_x, stride_we, stride_act,
+                    E: tl.constexpr, NP: tl.constexpr, SORTED: tl.constexpr, GROUP_M: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m, pid_n = _swizzle(tl.program_id(0), num_m, tl.cdiv(I, BLOCK_N), GROUP_M)
+    e, pair, m_row, row = _block_rows(pid_m, sorted_pair, block_expert, ids, num_pairs, SORTED, BLOCK_M)
+    if e < 0:
+        return
+    o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    o_k = tl.arange(0, BLOCK_K)
+    m_n = o_n < I
+    p_a = x + (pair // NP)[:, None] * stride_x + o_k[None, :]
+    # w13 rows: gate 0..I-1, up I..2I-1, hidden contiguous: B tiles are [BLOCK_K, BLOCK_N] views.
+    if e == E:
+        p_g = shared13 + o_n[None, :] * H + o_k[:, None]
+    else:
+        p_g = w13 + e.to(tl.int64) * stride_we + o_n[None, :] * H + o_k[:, None]
+    p_u = p_g + I * H
+    b_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    b_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        m_k = o_k < H - k0
+        b_a = tl.load(p_a, mask=m_row[:, None] & m_k[None, :], other=0.0)
+        b_g = tl.dot(b_a, tl.load(p_g, mask=m_k[:, None] & m_n[None, :], other=0.0), b_g)
+        b_u = tl.dot(b_a, tl.load(p_u, mask=m_k[:, None] & m_n[None, :], other=0.0), b_u)
+        p_a += BLOCK_K
+        p_g += BLOCK_K
+        p_u += BLOCK_K
+    b_h = b_g * tl.sigmoid(b_g) * b_u
+    tl.store(act + row[:, None] * stride_act + o_n[None, :], b_h.to(act.dtype.element_ty),
+             mask=m_row[:, None] & m_n[None, :])
+
+
+@triton.jit
+def _down_kernel(act, w2, shared2, y, weights, sorted_pair, block_expert, ids, num_pairs, num_m, H, I,
+                 stride_act, stride_we, stride_y,
+                 E: tl.constexpr, SORTED: tl.constexpr, GROUP_M: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m, pid_n = _swizzle(tl.program_id(0), num_m, tl.cdiv(H, BLOCK_N), GROUP_M)
+    e, pair, m_row, row = _block_rows(pid_m, sorted_pair, block_expert, ids, num_pairs, SORTED, BLOCK_M)
+    if e < 0:
+        return
+    o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    o_k = tl.arange(0, BLOCK_K)
+    m_n = o_n < H
+    p_a = act + row[:, None] * stride_act + o_k[None, :]
+    if e == E:
+        p_b = shared2 + o_n[None, :] * I + o_k[:, None]
+    else:
+        p_b = w2 + e.to(tl.int64) * stride_we + o_n[None, :] * I + o_k[:, None]
+    b_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        m_k = o_k < I - k0
+        b_a = tl.load(p_a, mask=m_row[:, None] & m_k[None, :], other=0.0)
+        b_acc = tl.dot(b_a, tl.load(p_b, mask=m_k[:, None] & m_n[None, :], other=0.0), b_acc)
+        p_a += BLOCK_K
+        p_b += BLOCK_K
+    b_acc *= tl.load(weights + pair, mask=m_row, other=0.0)[:, None]
+    tl.store(y + pair[:, None] * stride_y + o_n[None, :], b_acc.to(y.dtype.element_ty),
+             mask=m_row[:, None] & m_n[None, :])
+
+
+def _check(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int,
+           shared: tuple[torch.Tensor | None, ...]) -> None:
+    T, H = x.shape
+    E, I2, H13 = w13.shape
+    if router_w.shape != (E, H) or H13 != H or w2.shape != (E, H, I2 // 2):
+        raise ValueError(f"fused_moe: shapes x {tuple(x.shape)}, router_w {tuple(router_w.shape)}, "
+                         f"w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)} do not agree")
+    if not 1 <= top_k <= E:
+        raise ValueError(f"fused_moe: top_k must be in 1..{E}, got {top_k}")
+    if any(t is None for t in shared) and any(t is not None for t in shared):
+        raise ValueError("fused_moe: shared_w13, shared_w2, shared_gate_w must be all given or all None")
+    if shared[0] is not None:
+        s13, s2, sg = shared
+        if s13.shape != (I2, H) or s2.shape != (H, I2 // 2) or sg.shape != (1, H):
+            raise ValueError(f"fused_moe: the shared expert must have the routed experts' width {I2 // 2}: "
+                             f"shared_w13 {tuple(s13.shape)}, shared_w2 {tuple(s2.shape)}, "
+                             f"shared_gate_w {tuple(sg.shape)}")
+    for name, t in (("x", x), ("router_w", router_w), ("w13", w13), ("w2", w2)) + tuple(
+            zip(("shared_w13", "shared_w2", "shared_gate_w"), shared)):
+        if t is not None and not t.is_contiguous():
+            raise ValueError(f"fused_moe: {name} must be contiguous")
+
+
+def fused_moe(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int,
+              shared_w13: torch.Tensor | None, shared_w2: torch.Tensor | None, shared_gate_w: torch.Tensor | None,
+              config: MoEConfig | None = None) -> torch.Tensor:
+    """x [T, hidden] bf16; router_w [E, hidden]; w13 [E, 2I, hidden] (gate rows, then up); w2 [E, hidden, I];
+    shared_* (width I, gate [1, hidden]) or all None. Softmax top-k routing renormalised over the k
+    (Qwen3.5's norm_topk_prob), SiLU(gate) * up, shared expert times sigmoid(x . shared_gate_w).
+    Returns [T, hidden] in x's dtype."""
+    _check(x, router_w, w13, w2, top_k, (shared_w13, shared_w2, shared_gate_w))
+    T, H = x.shape
+    E, I = w13.shape[0], w13.shape[1] // 2
+    has_shared = shared_w13 is not None
+    NP = top_k + int(has_shared)
+    NE = E + int(has_shared)
+    num_pairs = T * NP
+    cfg = config or default_config(T)
+    dev = x.device
+    if T == 0:
+        return torch.empty_like(x)
+
+    logits = torch.empty(T, NE, dtype=torch.float32, device=dev)
+    block_e = 32
+    _logits_kernel[(triton.cdiv(T, 16), triton.cdiv(NE, block_e))](
+        x, router_w, shared_gate_w if has_shared else router_w, logits, T, H, x.stride(0), logits.stride(0),
+        E=E, HAS_GATE=has_shared, BLOCK_T=16, BLOCK_E=block_e, BLOCK_H=128)
+
+    ids = torch.empty(T, NP, dtype=torch.int32, device=dev)
+    weights = torch.empty(T, NP, dtype=torch.float32, device=dev)
+    bins = triton.next_power_of_2(NE + 1)
+    counts = torch.zeros(bins, dtype=torch.int32, device=dev) if cfg.sorted else ids
+    block_t = 16
+    _topk_kernel[(triton.cdiv(T, block_t),)](
+        logits, ids, weights, counts, T, logits.stride(0), E=E, TOP_K=top_k, HAS_SHARED=has_shared,
+        COUNT=cfg.sorted, BLOCK_T=block_t, BLOCK_E=triton.next_power_of_2(E),
+        BLOCK_P=triton.next_power_of_2(NP), BINS=bins)
+
+    if cfg.sorted:
+        # Worst case of padded M-blocks: every expert's last block may be partial.
+        num_m = triton.cdiv(num_pairs, cfg.block_m) + NE
+        sorted_pair = torch.full((num_m * cfg.block_m,), num_pairs, dtype=torch.int32, device=dev)
+        block_expert = torch.empty(num_m, dtype=torch.int32, device=dev)
+        cursor = torch.empty(NE, dtype=torch.int32, device=dev)
+        _align_kernel[(1,)](counts, cursor, block_expert, num_m, NE=NE, BLOCK_M=cfg.block_m, BINS=bins,
+                            BLOCK_J=max(16, min(64, 16384 // bins)))
+        _scatter_kernel[(triton.cdiv(num_pairs, 1024),)](ids, cursor, sorted_pair, num_pairs, BLOCK=1024)
+        act_rows = num_m * cfg.block_m
+    else:
+        num_m = num_pairs
+        sorted_pair = block_expert = ids  # unused: each pair is its own block
+        act_rows = num_pairs
+
+    act = torch.empty(act_rows, I, dtype=x.dtype, device=dev)
+    s13 = shared_w13 if has_shared else w13
+    s2 = shared_w2 if has_shared else w2
+    _gate_up_kernel[(num_m * triton.cdiv(I, cfg.block_n),)](
+        x, w13, s13, act, sorted_pair, block_expert, ids, num_pairs, num_m, H, I,
+        x.stride(0), w13.stride(0), act.stride(0),
+        E=E, NP=NP, SORTED=cfg.sorted, GROUP_M=cfg.group_m,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    y = torch.empty(num_pairs, H, dtype=x.dtype, device=dev)
+    dn = cfg.down_block_n or cfg.block_n
+    _down_kernel[(num_m * triton.cdiv(H, dn),)](
+        act, w2, s2, y, weights, sorted_pair, block_expert, ids, num_pairs, num_m, H, I,
+        act.stride(0), w2.stride(0), y.stride(0),
+        E=E, SORTED=cfg.sorted, GROUP_M=cfg.group_m,
+        BLOCK_M=cfg.block_m, BLOCK_N=dn, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return y.view(T, NP, H).sum(1)

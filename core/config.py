@@ -18,7 +18,7 @@ REPO_ROOT = CONFIG_DIR.parent
 MiB = 1 << 20
 GiB = 1 << 30
 
-PolicyName = Literal["store_all", "reconstruct", "replay"]
+PolicyName = Literal["store_all", "reconstruct", "replay", "reconstruct_deferred"]
 
 
 class ConfigError(ValueError):
@@ -191,6 +191,14 @@ class EngineConfig(_Strict):
     allocator: Literal["paged", "ideal"] = "paged"
     step_overhead_us: float | None = Field(None, ge=0)  # None: calibrated or the analytic default
     activation_peak_mib: float | None = Field(None, ge=0)  # None: calibrated or analytic
+    # vLLM engine semantics (the memory and engine-semantics issues set the defaults to current vLLM's).
+    kv_cache_dtype: Literal["bf16", "fp8"] = "bf16"
+    enable_prefix_caching: bool = False
+    mamba_cache_mode: Literal["none", "align"] | None = None  # None: "align" with prefix caching, else "none"
+    language_model_only: bool = False  # vLLM --language-model-only: no multimodal encoder dummy batch
+    max_model_len: int | None = Field(None, gt=0)  # None: the model's max_model_len
+    async_scheduling: bool = False
+    truncate_drafts: bool = False  # schedule part of a request's drafts when the budget is short
 
     @field_validator("gmu")
     @classmethod

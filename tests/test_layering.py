@@ -1,0 +1,117 @@
+"""Imports point one way: core <- policies, workloads <- sim <- calibrate; no import cycles.
+
+Every `import` statement counts, also those inside functions and under TYPE_CHECKING:
+a deferred import still ties the two modules together.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+# A package may import its own modules and those of packages of a lower rank only.
+RANK = {"core": 0, "policies": 1, "workloads": 1, "sim": 2, "calibrate": 3}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in RANK for p in (REPO / pkg).rglob("*.py")}
+
+
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The project module `name` refers to (a dotted name may end in a class or function)."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_edges(modules: dict[str, Path]) -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    for mod, path in modules.items():
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative import
+                    anchor = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    anchor = anchor[: len(anchor) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                targets = [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            for t in targets:
+                if t.split(".")[0] in RANK and (target := _resolve(t, modules)) and target != mod:
+                    edges[mod].add(target)
+    return edges
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+@pytest.fixture(scope="module")
+def edges() -> dict[str, set[str]]:
+    return import_edges(_modules())
+
+
+def test_no_upward_or_sideways_imports(edges):
+    bad = [f"{m} imports {t}" for m, ts in edges.items() for t in sorted(ts)
+           if (a := m.split(".")[0]) != (b := t.split(".")[0]) and RANK[b] >= RANK[a]]
+    assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_no_import_cycles(edges):
+    assert not _cycles(edges), f"modules that import each other: {_cycles(edges)}"
+
+
+def test_the_checker_sees_deferred_upward_and_circular_imports(tmp_path):
+    # The rules above must fail on the faults they exist for: an import inside a function,
+    # one that points up, and two files that import each other.
+    modules = {"core.a": tmp_path / "a.py", "sim.b": tmp_path / "b.py", "sim.c": tmp_path / "c.py"}
+    modules["core.a"].write_text("def f():\n    from sim.b import g\n")
+    modules["sim.b"].write_text("from sim import c\n")
+    modules["sim.c"].write_text("import sim.b\n")
+    e = import_edges(modules)
+    assert e == {"core.a": {"sim.b"}, "sim.b": {"sim.c"}, "sim.c": {"sim.b"}}
+    assert _cycles(e) == [["sim.b", "sim.c"]]
