@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from calibrate.kernels.common import INTERPRET, mma
+
 
 @dataclass(frozen=True)
 class MoEConfig:
@@ -70,7 +72,7 @@ def _logits_kernel(x, router, gate, logits, T, H, stride_x, stride_l,
         # Column E is the shared expert's gate row: two masked loads, only one fetches.
         b_w = tl.load(router + o_e[:, None] * H + o_h[None, :], mask=m_r[:, None] & m_h[None, :], other=0.0)
         b_w += tl.load(gate + o_e[:, None] * 0 + o_h[None, :], mask=m_g[:, None] & m_h[None, :], other=0.0)
-        b_acc = tl.dot(b_x, tl.trans(b_w), b_acc)
+        b_acc = mma(b_x, tl.trans(b_w), b_acc, INTERPRET)
     tl.store(logits + o_t[:, None] * stride_l + o_e[None, :], b_acc,
              mask=m_t[:, None] & (m_r | m_g)[None, :])
 
@@ -86,7 +88,8 @@ def _topk_kernel(logits, ids, weights, counts, T, stride_l,
     o_p = tl.arange(0, BLOCK_P)
     m_t = o_t < T
     b_l = tl.load(logits + o_t[:, None] * stride_l + o_e[None, :], mask=m_t[:, None] & (o_e < E)[None, :],
-                  other=float("-inf"))
+                  other=0.0)
+    b_l = tl.where((o_e < E)[None, :], b_l, float("-inf"))
     b_ids = tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.int32)
     b_w = tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.float32)
     b_top = tl.max(b_l, 1)
@@ -194,8 +197,8 @@ def _gate_up_kernel(x, w13, shared13, act, sorted_pair, block_expert, ids, num_p
     for k0 in range(0, H, BLOCK_K):
         m_k = o_k < H - k0
         b_a = tl.load(p_a, mask=m_row[:, None] & m_k[None, :], other=0.0)
-        b_g = tl.dot(b_a, tl.load(p_g, mask=m_k[:, None] & m_n[None, :], other=0.0), b_g)
-        b_u = tl.dot(b_a, tl.load(p_u, mask=m_k[:, None] & m_n[None, :], other=0.0), b_u)
+        b_g = mma(b_a, tl.load(p_g, mask=m_k[:, None] & m_n[None, :], other=0.0), b_g, INTERPRET)
+        b_u = mma(b_a, tl.load(p_u, mask=m_k[:, None] & m_n[None, :], other=0.0), b_u, INTERPRET)
         p_a += BLOCK_K
         p_g += BLOCK_K
         p_u += BLOCK_K
@@ -225,7 +228,7 @@ def _down_kernel(act, w2, shared2, y, weights, sorted_pair, block_expert, ids, n
     for k0 in range(0, I, BLOCK_K):
         m_k = o_k < I - k0
         b_a = tl.load(p_a, mask=m_row[:, None] & m_k[None, :], other=0.0)
-        b_acc = tl.dot(b_a, tl.load(p_b, mask=m_k[:, None] & m_n[None, :], other=0.0), b_acc)
+        b_acc = mma(b_a, tl.load(p_b, mask=m_k[:, None] & m_n[None, :], other=0.0), b_acc, INTERPRET)
         p_a += BLOCK_K
         p_b += BLOCK_K
     b_acc *= tl.load(weights + pair, mask=m_row, other=0.0)[:, None]
@@ -265,6 +268,8 @@ def fused_moe(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w2: to
     Returns [T, hidden] in x's dtype."""
     _check(x, router_w, w13, w2, top_k, (shared_w13, shared_w2, shared_gate_w))
     T, H = x.shape
+    if T == 0:
+        return torch.empty_like(x)
     E, I = w13.shape[0], w13.shape[1] // 2
     has_shared = shared_w13 is not None
     NP = top_k + int(has_shared)
@@ -272,8 +277,6 @@ def fused_moe(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w2: to
     num_pairs = T * NP
     cfg = config or default_config(T)
     dev = x.device
-    if T == 0:
-        return torch.empty_like(x)
 
     logits = torch.empty(T, NE, dtype=torch.float32, device=dev)
     block_e = 32
