@@ -18,11 +18,13 @@ from core.config import ConfigError
 from policies import CommitPolicy
 from sim.acceptance import AcceptanceModel
 from sim.client import Client
+from sim.dispatch import capture_sizes
 from sim.latency import LatencyModel, StepBatch
 from sim.metrics import StepLog
 from sim.pool import Pool
 from sim.request import Request, Status
 from sim.scheduler import Scheduler, StepPlan
+from sim.step_trace import TracedRequest, assemble_batch
 from workloads.base import RequestSpec
 
 # vLLM's default largest CUDA-graph capture size, in tokens, is
@@ -102,34 +104,31 @@ class Engine:
                 log.rows.append((now, dt, batch.num_seqs, batch.num_tokens, batch.prefill_tokens, batch.spec_seqs,
                                  len(sched.running), len(sched.waiting), len(plan.preempted), sched.pool.used,
                                  sched.pool.usage, st.mode))
+                log.record(now, batch, st)
             yield env.timeout(dt)
             self._complete(plan, env.now)
 
     def _batch(self, plan: StepPlan) -> StepBatch:
-        prefill_tokens = prefill_seqs = decode_seqs = spec_seqs = replay_tokens = flush_seqs = 0
+        policy, replay, sched = self.policy, self.replay, self.scheduler
+        vp = sched.verify_positions
+        trace = self.steps.trace
+        widths = policy.tree.widths
+        reqs: list[tuple[int, int, bool, bool, int, bool]] = []
+        traced: list[TracedRequest] = []
         for req, n, spec in zip(plan.reqs, plan.tokens, plan.spec):
-            if spec:
-                spec_seqs += 1
-                if self.replay:
-                    replay_tokens += self.policy.replay_tokens(req.steps_since_flush, req.tokens_since_flush)
-                    flush_seqs += self.policy.flushes(req.steps_since_flush)
-            elif n == 1 and req.computed + 1 == req.num_tokens:
-                decode_seqs += 1
-            else:
-                prefill_tokens += n
-                prefill_seqs += 1
-        decode_seqs += spec_seqs
-        vp = self.scheduler.verify_positions
-        num_tokens = prefill_tokens + spec_seqs * vp + (decode_seqs - spec_seqs)
-        eager = (prefill_tokens > 0 or (spec_seqs > 0 and self.tree_forces_eager)
-                 or num_tokens > self.graph_max_tokens)
-        return StepBatch(
-            num_seqs=len(plan.reqs), prefill_tokens=prefill_tokens, prefill_seqs=prefill_seqs,
-            decode_seqs=decode_seqs, spec_seqs=spec_seqs, verify_positions=vp,
-            context_tokens=plan.context_tokens, max_context=plan.max_context, eager=eager,
-            replay_tokens=replay_tokens, flush_seqs=flush_seqs,
-            draft_depth=self.draft_depth if self.spec_enabled else 0,
-        )
+            replayed, flush = 0, True
+            if spec and replay:
+                replayed = policy.replay_tokens(req.steps_since_flush, req.tokens_since_flush)
+                flush = policy.flushes(req.steps_since_flush)
+            # A 1-token step at the end of the known tokens decodes; anything else is a prompt chunk.
+            decoding = spec or (n == 1 and req.computed + 1 == req.num_tokens)
+            reqs.append((n, req.computed, decoding, spec, replayed, flush))
+            if trace:  # accepted: the engine reports a verify's count when it completes (StepLog.accepted)
+                traced.append(TracedRequest(req.rid, 0 if decoding else n, req.computed, widths if spec else (),
+                                            1 if decoding and not spec else 0, replayed, flush))
+        return assemble_batch(reqs, verify_positions=vp, draft_depth=self.draft_depth if self.spec_enabled else 0,
+                              sizes=capture_sizes(sched.max_seqs, sched.max_tokens, vp),
+                              full_graph_ok=not self.tree_forces_eager, requests=tuple(traced))
 
     def _complete(self, plan: StepPlan, now: float) -> None:
         finished = False
@@ -137,6 +136,8 @@ class Engine:
         for req, n, spec in zip(plan.reqs, plan.tokens, plan.spec):
             if spec:
                 a = req.acceptance.accepted_drafts()
+                if self.steps.trace:
+                    self.steps.accepted(req.rid, a + 1)
                 req.spec_steps += 1
                 req.spec_tokens += a + 1
                 req.computed += 1 + a  # the root token and the accepted drafts; the bonus is sampled

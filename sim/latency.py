@@ -8,7 +8,10 @@ the summary can say where each term came from (`calibrated`, `analytic`, `derive
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from sim.step_trace import TracedRequest
 
 # Term names, in the order they are summed. Every LatencyModel returns all of them.
 TERMS: tuple[str, ...] = (
@@ -40,6 +43,31 @@ class StepBatch:
     replay_tokens: int = 0  # replay: cached accepted tokens replayed before the tree, all seqs
     flush_seqs: int = 0  # replay: requests whose commit writes the state back this step
     draft_depth: int = 0  # K drafter passes (0: no speculation this step)
+    # How vLLM dispatches the step (sim.dispatch); "" when a batch is built by hand.
+    kind: str = ""  # sim.dispatch.STEP_KINDS
+    mode: str = ""  # "full", "piecewise" or "eager"; "" = piecewise if `eager` else full
+    padded_tokens: int = 0  # tokens the graphs run at (the capture size); 0 = num_tokens
+    prefill_chunks: tuple[tuple[int, int], ...] = ()  # (chunk tokens, context) per prefilling request
+    # Per-request detail (sim.step_trace.TracedRequest) where it is kept: traced runs and
+    # replayed steps. Latency models do not read it; everything they price is above.
+    requests: tuple[TracedRequest, ...] = ()
+
+    @property
+    def graph_mode(self) -> str:
+        return self.mode or ("piecewise" if self.eager else "full")
+
+    @property
+    def run_tokens(self) -> int:
+        """Tokens the dense parts run at: padded up to the capture size in graph modes."""
+        return self.padded_tokens or self.num_tokens
+
+    @property
+    def chunks(self) -> tuple[tuple[int, int], ...]:
+        """Prefill chunks with their contexts; a hand-built batch's are its mean chunk at the mean context."""
+        if self.prefill_chunks or not self.prefill_seqs:
+            return self.prefill_chunks
+        ctx = self.context_tokens // self.num_seqs
+        return ((self.prefill_tokens // self.prefill_seqs, ctx),) * self.prefill_seqs
 
     @property
     def decode_tokens(self) -> int:

@@ -8,19 +8,22 @@ with linear interpolation (numpy's default, as the benchmark uses).
 """
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from sim.latency import TERMS
+from sim.latency import TERMS, StepBatch, StepTime
 from sim.request import Request, Status
+from sim.step_trace import TracedStep
 
 PERCENTILES = {"median": 50, "p90": 90, "p99": 99}
 STEP_COLUMNS = ("time_s", "duration_s", "num_seqs", "num_tokens", "prefill_tokens", "spec_seqs", "running",
                 "waiting", "preempted", "used_units", "kv_usage", "mode")
 EVENT_COLUMNS = ("time_s", "event", "request_id")
+US = 1e-6
 
 
 class StepLog:
@@ -34,6 +37,35 @@ class StepLog:
         self.eager_steps = 0
         self.rows: list[tuple] = []  # STEP_COLUMNS, with trace only
         self.events: list[tuple[float, str, int]] = []  # (time, admit|preempt|finish|reject, request id), trace only
+        self._traced: list[tuple[float, StepBatch, StepTime]] = []  # trace only
+        self._accepted: list[list[int]] = []  # per traced step, per request
+        self._verifying: dict[int, deque[tuple[int, int]]] = {}  # rid -> (step, slot) awaiting an accepted count
+
+    def record(self, now: float, batch: StepBatch, st: StepTime) -> None:
+        """Keep a step for the trace (`batch.requests` filled by the engine when tracing)."""
+        step = len(self._traced)
+        self._traced.append((now, batch, st))
+        self._accepted.append([r.accepted for r in batch.requests])
+        for slot, r in enumerate(batch.requests):
+            if r.tree:
+                self._verifying.setdefault(r.rid, deque()).append((step, slot))
+
+    def accepted(self, rid: int, positions: int) -> None:
+        """A verify of request `rid` completed with `positions` accepted (bonus included).
+
+        Verifies complete in the order they were scheduled, also when the engine
+        schedules a step before the previous one completes (async scheduling).
+        """
+        step, slot = self._verifying[rid].popleft()
+        self._accepted[step][slot] = positions
+
+    def traced_steps(self) -> list[TracedStep]:
+        out = []
+        for i, ((now, batch, st), acc) in enumerate(zip(self._traced, self._accepted)):
+            reqs = tuple(replace(r, accepted=a) if r.accepted != a else r for r, a in zip(batch.requests, acc))
+            out.append(TracedStep(i, now, batch.kind, reqs, st.total_s / US,
+                                  {t: v / US for t, v in st.terms.items()}))
+        return out
 
     def __len__(self) -> int:
         return len(self.durations)

@@ -1,8 +1,10 @@
 """`specsim run`: simulate one configuration; `simulate(cfg)` is the entry point sweeps call.
 
 Writes `summary.json`, `requests.csv` (one row per request), `config.yaml` (the
-resolved RunConfig) and, with `trace_steps`, `steps.csv` (one row per engine step)
-and `events.csv` (admissions, preemptions, finishes, rejections).
+resolved RunConfig) and, with `trace_steps`, `steps.csv` (one row per engine step:
+its requests, dispatch kind and predicted time, the format of `sim.step_trace`, which
+`specsim calibrate replay` executes on a GPU), `step_state.csv` (per step: queue and
+pool state) and `events.csv` (admissions, preemptions, finishes, rejections).
 """
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from core.config import (ConfigError, RunConfig, hardware_names, load_hardware, load_model, load_policy, model_names,
-                        policy_names, read_yaml, validate)
+from core.config import (ConfigError, HardwareConfig, RunConfig, hardware_names, load_hardware, load_model, load_policy,
+                         model_names, policy_names, read_yaml, validate)
 from policies import DraftTree, make_policy
 from sim.acceptance import AcceptanceModel
 from sim.budget import block_layout, memory_budget
@@ -25,6 +27,7 @@ from sim.engine import EngineResult, run_engine
 from sim.latency_factory import make_latency_model
 from sim.metrics import EVENT_COLUMNS, STEP_COLUMNS, request_rows, summarize
 from sim.pool import make_pool
+from sim.step_trace import write_steps
 from workloads import Workload, load_workload, workload_names
 from workloads.arrivals import gamma_arrival_times, trace_arrival_times
 
@@ -89,8 +92,16 @@ def simulate(cfg: RunConfig, out_dir: Path | None = None) -> dict[str, Any]:
         "activation_source": budget.activation_source,
     }
     if out_dir is not None:
-        write_outputs(Path(out_dir), cfg, summary, result)
+        write_outputs(Path(out_dir), cfg, summary, result, hw)
     return summary
+
+
+def resolved(cfg: RunConfig, hw: HardwareConfig) -> RunConfig:
+    """The run's config with the hardware's engine defaults filled in (what a replay needs)."""
+    eng = cfg.engine
+    return cfg.model_copy(update={"engine": eng.model_copy(update={
+        "max_num_batched_tokens": eng.max_num_batched_tokens or hw.max_num_batched_tokens,
+        "max_num_seqs": eng.max_num_seqs or hw.max_num_seqs})})
 
 
 def _write_csv(path: Path, header: list[str] | tuple[str, ...], rows: list) -> None:
@@ -100,7 +111,8 @@ def _write_csv(path: Path, header: list[str] | tuple[str, ...], rows: list) -> N
         w.writerows(rows)
 
 
-def write_outputs(out: Path, cfg: RunConfig, summary: dict[str, Any], result: EngineResult) -> None:
+def write_outputs(out: Path, cfg: RunConfig, summary: dict[str, Any], result: EngineResult,
+                  hw: HardwareConfig) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
@@ -108,7 +120,8 @@ def write_outputs(out: Path, cfg: RunConfig, summary: dict[str, Any], result: En
     header = list(rows[0]) if rows else ["request_id"]
     _write_csv(out / "requests.csv", header, [[("" if v is None else v) for v in r.values()] for r in rows])
     if cfg.trace_steps:
-        _write_csv(out / "steps.csv", STEP_COLUMNS, result.steps.rows)
+        write_steps(out / "steps.csv", resolved(cfg, hw).model_dump(mode="json"), result.steps.traced_steps())
+        _write_csv(out / "step_state.csv", STEP_COLUMNS, result.steps.rows)
         _write_csv(out / "events.csv", EVENT_COLUMNS, result.steps.events)
 
 
@@ -186,5 +199,5 @@ def main(args: argparse.Namespace) -> int:
         print(f"{k:<{width}}  {v:.6g}" if isinstance(v, float) else f"{k:<{width}}  {v}")
     if args.out:
         print(f"wrote {os.fspath(args.out)}/summary.json, requests.csv, config.yaml"
-              + (", steps.csv, events.csv" if cfg.trace_steps else ""))
+              + (", steps.csv, step_state.csv, events.csv" if cfg.trace_steps else ""))
     return 0

@@ -47,7 +47,7 @@ def test_cli_run_writes_summary_requests_and_config(tmp_path, capsys):
     rows = read_rows(out / "requests.csv")
     assert len(rows) == 40 and all(r["status"] == "finished" for r in rows.values())
     assert "admission: first_chunk" in (out / "config.yaml").read_text()
-    assert (out / "steps.csv").read_text().count("\n") == summary["num_steps"] + 1
+    assert (out / "steps.csv").read_text().count("\n") == summary["num_steps"] + 2  # meta line + header
     assert "output_throughput_tok_s" in capsys.readouterr().out
 
 

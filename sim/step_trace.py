@@ -1,0 +1,231 @@
+"""The per-step trace of a simulator run (`specsim run --trace-steps` -> RUN/steps.csv).
+
+It records everything a real GPU needs to execute each step again (the replay,
+`specsim calibrate replay`): per scheduled request its prefill chunk and context, or
+the draft tree it verifies and how many positions were accepted, plus the kind the
+simulator dispatched the step as (`sim.dispatch`) and the per-term prediction.
+
+File format (one file, written atomically):
+  line 1   `# specsim-steps v1 {json}`: the resolved RunConfig the run used
+  line 2   CSV header: step, time_s, kind, num_seqs, num_tokens, prefill_tokens,
+           predicted_us, one `us_<term>` column per predicted term, requests
+  then     one row per step; `requests` is a JSON list with one list per request in
+           REQUEST_FIELDS order (compact: a loaded server schedules ~100 per step).
+
+`assemble_batch` is the one place that turns a step's requests into the StepBatch the
+latency model prices; the engine calls it, and so does `batch_of` for a traced step,
+so a replayed step is priced exactly as the simulator priced it.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from core.config import EngineConfig, ModelConfig
+from core.files import atomic_write_text
+from policies import CommitPolicy
+from sim.dispatch import STEP_KINDS, capture_sizes, dispatch
+from sim.latency import StepBatch
+
+MAGIC = "# specsim-steps v1 "
+REQUEST_FIELDS = ("rid", "prefill", "context", "tree", "accepted", "replayed", "flush")
+HEAD = ("step", "time_s", "kind", "num_seqs", "num_tokens", "prefill_tokens", "predicted_us")
+TERM_PREFIX = "us_"
+
+__all__ = ["STEP_KINDS", "StepTraceError", "TracedRequest", "TracedStep", "assemble_batch", "batch_of",
+           "read_steps", "write_steps"]
+
+
+class StepTraceError(ValueError):
+    """A steps.csv that cannot be read back: the message names the file, line and field."""
+
+
+@dataclass(frozen=True)
+class TracedRequest:
+    rid: int
+    prefill: int  # prompt tokens scheduled this step (0 while decoding)
+    context: int  # tokens already in the KV cache before this step
+    tree: tuple[int, ...]  # draft-tree widths verified this step; () = no speculation (prefill chunk or 1-token decode)
+    accepted: int  # verify positions accepted this step incl. the bonus token (0 for a prefill chunk)
+    replayed: int = 0  # replay policy: cached accepted tokens replayed before the tree
+    flush: bool = True  # replay policy: the commit writes the state back this step (other policies: always)
+
+    @property
+    def query_tokens(self) -> int:
+        """Target tokens this request puts into the forward."""
+        if self.prefill:
+            return self.prefill
+        nodes, n = 0, 1
+        for w in self.tree:
+            n *= w
+            nodes += n
+        return 1 + nodes
+
+
+@dataclass(frozen=True)
+class TracedStep:
+    step: int
+    time_s: float
+    kind: str  # one of STEP_KINDS, as the simulator dispatched it (vLLM rules, VLLM_FACTS.md section 1)
+    requests: tuple[TracedRequest, ...]
+    predicted_us: float
+    terms_us: dict[str, float]  # the per-term prediction
+
+
+# --------------------------------------------------------------------- batches
+# Per scheduled request: (query tokens, context, decoding, verifies a tree, replayed tokens, flushes).
+ScheduledRequest = tuple[int, int, bool, bool, int, bool]
+
+
+def assemble_batch(reqs: Iterable[ScheduledRequest], *, verify_positions: int, draft_depth: int,
+                   sizes: Sequence[int], full_graph_ok: bool,
+                   requests: tuple[TracedRequest, ...] = ()) -> StepBatch:
+    """The StepBatch of one step's scheduled requests, dispatched by vLLM's rules
+    (`requests`: the same requests in detail, kept in the batch when tracing)."""
+    prefill_tokens = prefill_seqs = decode_seqs = spec_seqs = replay_tokens = flush_seqs = 0
+    context_tokens = max_context = 0
+    chunks: list[tuple[int, int]] = []
+    query_lens: list[int] = []
+    decoding: list[bool] = []
+    for n, ctx, dec, spec, replayed, flush in reqs:
+        query_lens.append(n)
+        decoding.append(dec)
+        context_tokens += ctx
+        if ctx > max_context:
+            max_context = ctx
+        if not dec:
+            prefill_tokens += n
+            prefill_seqs += 1
+            chunks.append((n, ctx))
+            continue
+        decode_seqs += 1
+        if spec:
+            spec_seqs += 1
+            replay_tokens += replayed
+            flush_seqs += flush
+    d = dispatch(query_lens, decoding, verify_positions if draft_depth else 1, sizes, full_graph_ok)
+    return StepBatch(
+        num_seqs=len(query_lens), prefill_tokens=prefill_tokens, prefill_seqs=prefill_seqs, decode_seqs=decode_seqs,
+        spec_seqs=spec_seqs, verify_positions=verify_positions, context_tokens=context_tokens,
+        max_context=max_context, eager=d.mode != "full", replay_tokens=replay_tokens, flush_seqs=flush_seqs,
+        draft_depth=draft_depth, kind=d.kind, mode=d.mode, padded_tokens=d.padded_tokens,
+        prefill_chunks=tuple(chunks), requests=requests,
+    )
+
+
+def step_shape(model: ModelConfig, policy: CommitPolicy, max_num_seqs: int,
+               max_num_batched_tokens: int) -> tuple[int, int, tuple[int, ...], bool]:
+    """(verify positions, drafter passes, capture sizes, full graphs allowed) of a run: what
+    `assemble_batch` needs beyond the requests."""
+    spec_on = model.mtp_depth > 0 and policy.verify_positions > 1
+    vp = policy.verify_positions if spec_on else 1
+    return (vp, model.mtp_depth if spec_on else 0, capture_sizes(max_num_seqs, max_num_batched_tokens, vp),
+            not policy.forces_eager())
+
+
+def batch_of(step: TracedStep, model: ModelConfig, policy: CommitPolicy, engine: EngineConfig) -> StepBatch:
+    """The StepBatch the simulator priced for a traced step (`engine` as resolved in the file's meta)."""
+    if engine.max_num_seqs is None or engine.max_num_batched_tokens is None:
+        raise StepTraceError("batch_of needs engine.max_num_seqs and engine.max_num_batched_tokens resolved "
+                             "(read them from the steps file's meta, not EngineConfig defaults)")
+    vp, depth, sizes, full_ok = step_shape(model, policy, engine.max_num_seqs, engine.max_num_batched_tokens)
+    return assemble_batch(((r.query_tokens, r.context, r.prefill == 0, bool(r.tree), r.replayed, r.flush)
+                           for r in step.requests), verify_positions=vp, draft_depth=depth, sizes=sizes,
+                          full_graph_ok=full_ok, requests=step.requests)
+
+
+# ------------------------------------------------------------------------ files
+def write_steps(path: Path, meta: dict[str, Any], steps: Iterable[TracedStep]) -> None:
+    """Write steps.csv atomically; `meta` is the resolved RunConfig (JSON-serialisable)."""
+    steps = list(steps)
+    terms = list(steps[0].terms_us) if steps else []
+    buf = io.StringIO()
+    buf.write(MAGIC + json.dumps(meta, sort_keys=True) + "\n")
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([*HEAD, *(TERM_PREFIX + t for t in terms), "requests"])
+    for s in steps:
+        if s.kind not in STEP_KINDS:
+            raise ValueError(f"step {s.step}: kind {s.kind!r} is not one of {STEP_KINDS}")
+        if list(s.terms_us) != terms:
+            raise ValueError(f"step {s.step}: terms {list(s.terms_us)} differ from the first step's {terms}")
+        reqs = [[r.rid, r.prefill, r.context, list(r.tree), r.accepted, r.replayed, int(r.flush)] for r in s.requests]
+        w.writerow([s.step, repr(s.time_s), s.kind, len(s.requests), sum(r.query_tokens for r in s.requests),
+                    sum(r.prefill for r in s.requests), repr(s.predicted_us), *(repr(v) for v in s.terms_us.values()),
+                    json.dumps(reqs, separators=(",", ":"))])
+    atomic_write_text(Path(path), buf.getvalue())
+
+
+def read_steps(path: Path) -> tuple[dict[str, Any], list[TracedStep]]:
+    """(meta, steps) of a steps.csv; StepTraceError naming the file, line and field on a bad file."""
+    path = Path(path)
+    if not path.exists():
+        raise StepTraceError(f"{path}: no such steps file (write one with `specsim run --trace-steps --out DIR`)")
+    with path.open(newline="") as f:
+        first = f.readline()
+        if not first.startswith(MAGIC):
+            raise StepTraceError(f"{path}: line 1 must start with {MAGIC.strip()!r}: not a steps file from "
+                                 f"`specsim run --trace-steps`, or an older format")
+        try:
+            meta = json.loads(first[len(MAGIC):])
+        except json.JSONDecodeError as e:
+            raise StepTraceError(f"{path}: line 1: meta is not valid JSON ({e})") from None
+        if not isinstance(meta, dict):
+            raise StepTraceError(f"{path}: line 1: meta must be a JSON object, got {type(meta).__name__}")
+        reader = csv.DictReader(f)
+        cols = reader.fieldnames or []
+        missing = [c for c in (*HEAD, "requests") if c not in cols]
+        if missing:
+            raise StepTraceError(f"{path}: line 2: missing columns {missing}; has {cols}")
+        terms = [c for c in cols if c.startswith(TERM_PREFIX)]
+        steps = [_parse_row(path, i + 3, row, terms) for i, row in enumerate(reader)]
+    return meta, steps
+
+
+def _parse_row(path: Path, line: int, row: dict[str, str], terms: list[str]) -> TracedStep:
+    where = f"{path}: line {line}"
+    field = "step"
+    try:
+        step = int(row["step"])
+        field = "time_s"
+        time_s = float(row["time_s"])
+        field = "predicted_us"
+        predicted = float(row["predicted_us"])
+        terms_us = {}
+        for c in terms:
+            field = c
+            terms_us[c[len(TERM_PREFIX):]] = float(row[c])
+        field = "requests"
+        reqs = tuple(_parse_request(r) for r in json.loads(row["requests"]))
+    except (TypeError, ValueError, KeyError) as e:
+        raise StepTraceError(f"{where}: bad {field} ({row.get(field)!r}): {e}") from None
+    kind = row["kind"]
+    if kind not in STEP_KINDS:
+        raise StepTraceError(f"{where}: kind {kind!r} is not one of {', '.join(STEP_KINDS)}")
+    if not reqs:
+        raise StepTraceError(f"{where}: a step needs at least one request")
+    for c, value in (("num_seqs", len(reqs)), ("num_tokens", sum(r.query_tokens for r in reqs)),
+                     ("prefill_tokens", sum(r.prefill for r in reqs))):
+        if row[c] != str(value):
+            raise StepTraceError(f"{where}: {c} is {row[c]!r} but the requests add up to {value}")
+    return TracedStep(step, time_s, kind, reqs, predicted, terms_us)
+
+
+def _parse_request(item: Any) -> TracedRequest:
+    if not isinstance(item, list) or len(item) != len(REQUEST_FIELDS):
+        raise ValueError(f"each request must be a list of {len(REQUEST_FIELDS)} values {REQUEST_FIELDS}, got {item!r}")
+    rid, prefill, context, tree, accepted, replayed, flush = item
+    ints = {"rid": rid, "prefill": prefill, "context": context, "accepted": accepted, "replayed": replayed,
+            "flush": flush}
+    for name, v in ints.items():
+        if not isinstance(v, int) or isinstance(v, bool) or (v < 0 and name != "rid"):
+            raise ValueError(f"request field {name!r} must be a non-negative integer, got {v!r}")
+    if not isinstance(tree, list) or any(not isinstance(w, int) or w < 1 for w in tree):
+        raise ValueError(f"request field 'tree' must be a list of positive widths, got {tree!r}")
+    if prefill and tree:
+        raise ValueError(f"request {rid}: a prefill chunk ({prefill} tokens) verifies no tree, got {tree!r}")
+    return TracedRequest(rid, prefill, context, tuple(tree), accepted, replayed, bool(flush))
