@@ -1,10 +1,11 @@
 """Real-shape Qwen3.5 layers with random bf16 weights, as PyTorch ops (GPU path only).
 
 Each builder returns a weights object; each forward takes the residual stream
-`x [tokens, hidden]` and returns the new one. GEMMs are cuBLAS (`F.linear`), routed
-experts one grouped GEMM per projection (`torch._grouped_mm`), the attention core
-flash SDPA; elementwise work is unfused PyTorch, so these times bound vLLM's fused
-kernels from above on the elementwise parts. The GDN recurrence is not here: it is
+`x [tokens, hidden]` and returns the new one. GEMMs are cuBLAS (`F.linear`); the MoE
+is our fused Triton kernel (`calibrate/kernels/fused_moe.py`), the attention core our
+paged Triton kernel over vLLM's block-table KV pool (`paged_attn_forward`), with the
+dense-cache SDPA cores kept for the whole-step check; other elementwise work is
+unfused PyTorch, so these times bound vLLM's fused kernels from above there. The GDN recurrence is not here: it is
 the policy's verify kernel (policies/kernels), passed in as `recurrence` when a whole
 step runs it, and timed by the kernels bench for the tables.
 """
@@ -17,6 +18,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from calibrate.kernels.fused_moe import fused_moe
+from calibrate.kernels.paged_attention import paged_attention, reshape_and_cache
 from calibrate.shapes import LayerShapes
 
 EPS = 1e-6
@@ -121,6 +124,26 @@ def rope_tables(positions: torch.Tensor, rotary_dim: int) -> tuple[torch.Tensor,
 AttnCore = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def _attn_in(x: torch.Tensor, w: AttnWeights, s: LayerShapes, cos: torch.Tensor, sin: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Norm, QKV projection, q/k norms and partial RoPE: q [n, q_heads, D], the output gate, k, v [n, kv_heads, D]."""
+    n = x.shape[0]
+    h = F.rms_norm(x, (s.hidden,), w.norm, EPS)
+    qd, kd = s.q_heads * s.head_dim, s.kv_heads * s.head_dim
+    q, gate, k, v = F.linear(h, w.qkv).split([qd, qd, kd, kd], -1)
+    q = F.rms_norm(q.reshape(n, s.q_heads, s.head_dim), (s.head_dim,), w.q_norm, EPS)
+    k = F.rms_norm(k.reshape(n, s.kv_heads, s.head_dim), (s.head_dim,), w.k_norm, EPS)
+    q, k = rope(torch.cat([q, k], 1), cos, sin, s.rotary_dim).split([s.q_heads, s.kv_heads], 1)
+    return q, gate, k, v.reshape(n, s.kv_heads, s.head_dim)
+
+
+def _attn_out(x: torch.Tensor, o: torch.Tensor, gate: torch.Tensor, w: AttnWeights, s: LayerShapes) -> torch.Tensor:
+    """Qwen3.5's sigmoid output gate, o_proj, residual."""
+    n = x.shape[0]
+    o = o * torch.sigmoid(gate.view(n, s.q_heads, s.head_dim))
+    return x + F.linear(o.reshape(n, s.q_heads * s.head_dim), w.o_proj)
+
+
 def attn_forward(x: torch.Tensor, w: AttnWeights, s: LayerShapes, cos: torch.Tensor, sin: torch.Tensor,
                  kv_slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  core: AttnCore | None = None) -> torch.Tensor:
@@ -129,19 +152,42 @@ def attn_forward(x: torch.Tensor, w: AttnWeights, s: LayerShapes, cos: torch.Ten
     core(q [n, q_heads, D], k, v [n, kv_heads, D]) -> [n, q_heads, D]; None times the
     layer without its core (the core is tabled separately by sequence shape).
     """
-    n = x.shape[0]
-    h = F.rms_norm(x, (s.hidden,), w.norm, EPS)
-    qd, kd = s.q_heads * s.head_dim, s.kv_heads * s.head_dim
-    q, gate, k, v = F.linear(h, w.qkv).split([qd, qd, kd, kd], -1)
-    q = F.rms_norm(q.reshape(n, s.q_heads, s.head_dim), (s.head_dim,), w.q_norm, EPS)
-    k = F.rms_norm(k.reshape(n, s.kv_heads, s.head_dim), (s.head_dim,), w.k_norm, EPS)
-    q, k = rope(torch.cat([q, k], 1), cos, sin, s.rotary_dim).split([s.q_heads, s.kv_heads], 1)
-    v = v.reshape(n, s.kv_heads, s.head_dim)
+    q, gate, k, v = _attn_in(x, w, s, cos, sin)
     k_cache.index_copy_(0, kv_slots, k)
     v_cache.index_copy_(0, kv_slots, v)
-    o = q if core is None else core(q, k, v)
-    o = o * torch.sigmoid(gate.view(n, s.q_heads, s.head_dim))
-    return x + F.linear(o.reshape(n, qd), w.o_proj)
+    return _attn_out(x, q if core is None else core(q, k, v), gate, w, s)
+
+
+@dataclass
+class PagedBatch:
+    """One step's view of the paged KV pool for one attention layer (vLLM's attention metadata).
+
+    Caches [num_blocks, block_size, kv_heads, head_dim]; the step's new tokens go to
+    slot_mapping (block_id * block_size + offset); seq_lens count keys per request with
+    this step's tokens included; cu_seqlens_q [B + 1] delimits each request's queries.
+    """
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    slot_mapping: torch.Tensor  # int64 [tokens]
+    block_tables: torch.Tensor  # int32 [B, max_blocks]
+    seq_lens: torch.Tensor  # int32 [B]
+    cu_seqlens_q: torch.Tensor  # int32 [B + 1]
+    max_seqlen_q: int
+
+
+def paged_attn_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: PagedBatch) -> torch.Tensor:
+    """Cache this step's K/V, then causal GQA attention of every query over its request's pages:
+    decode, verify and prefill chunks of one batch in one launch."""
+    reshape_and_cache(k, v, kv.k_cache, kv.v_cache, kv.slot_mapping)
+    return paged_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, kv.cu_seqlens_q,
+                           kv.max_seqlen_q, q.shape[-1] ** -0.5)
+
+
+def paged_attn_forward(x: torch.Tensor, w: AttnWeights, s: LayerShapes, cos: torch.Tensor, sin: torch.Tensor,
+                       kv: PagedBatch) -> torch.Tensor:
+    """The whole attention layer over the paged pool, as vLLM runs it."""
+    q, gate, k, v = _attn_in(x, w, s, cos, sin)
+    return _attn_out(x, paged_attn_core(q, k, v, kv), gate, w, s)
 
 
 def decode_core(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor) -> torch.Tensor:
@@ -173,8 +219,9 @@ class MoEWeights:
     router: torch.Tensor  # [experts, hidden]
     w13: torch.Tensor  # [experts, 2 * width, hidden]: gate and up
     w2: torch.Tensor  # [experts, hidden, width]
-    shared13: torch.Tensor  # [2 * shared_width + 1, hidden]: gate, up, and the shared expert's gate
+    shared13: torch.Tensor  # [2 * shared_width, hidden]: gate and up
     shared2: torch.Tensor  # [hidden, shared_width]
+    shared_gate: torch.Tensor  # [1, hidden]: the shared expert's sigmoid gate
 
 
 def moe_weights(s: LayerShapes, device: torch.device) -> MoEWeights:
@@ -183,48 +230,16 @@ def moe_weights(s: LayerShapes, device: torch.device) -> MoEWeights:
         router=_w(s.num_experts, s.hidden, device=device),
         w13=_w(s.num_experts, 2 * s.expert_width, s.hidden, device=device),
         w2=_w(s.num_experts, s.hidden, s.expert_width, device=device),
-        shared13=_w(2 * s.shared_width + 1, s.hidden, device=device),
+        shared13=_w(2 * s.shared_width, s.hidden, device=device),
         shared2=_w(s.hidden, s.shared_width, device=device),
+        shared_gate=_w(1, s.hidden, device=device),
     )
 
 
 def moe_forward(x: torch.Tensor, w: MoEWeights, s: LayerShapes) -> torch.Tensor:
-    n = x.shape[0]
+    """Norm, then the fused MoE (routing, routed and shared experts; calibrate/kernels/fused_moe.py), residual."""
     h = F.rms_norm(x, (s.hidden,), w.norm, EPS)
-    # Top-k of the router logits, then softmax over those k: the renormalised top-k
-    # softmax (norm_topk_prob) in fewer passes.
-    topv, topi = F.linear(h, w.router).topk(s.top_k, -1)
-    topw = topv.float().softmax(-1).to(BF16)
-    # Sort the n * top_k (token, expert) pairs by expert: one grouped GEMM per projection.
-    flat = topi.flatten()
-    order = flat.argsort(stable=True)
-    counts = torch.zeros(s.num_experts, dtype=torch.int32, device=x.device)
-    counts.scatter_add_(0, flat, _ONE.get(x.device).expand(flat.shape[0]))
-    offs = counts.cumsum(0, dtype=torch.int32)
-    token = order // s.top_k
-    gu = torch._grouped_mm(h.index_select(0, token), w.w13.transpose(-2, -1), offs=offs)
-    gate, up = gu.chunk(2, -1)
-    act = F.silu(gate) * up * topw.flatten().index_select(0, order)[:, None]
-    ys = torch._grouped_mm(act, w.w2.transpose(-2, -1), offs=offs)
-    # Shared expert and its sigmoid gate from one GEMM.
-    sg, su, sgate = F.linear(h, w.shared13).split([s.shared_width, s.shared_width, 1], -1)
-    out = x + F.linear(F.silu(sg) * su, w.shared2) * torch.sigmoid(sgate)
-    return out.index_add_(0, token, ys)
-
-
-class _Ones:
-    """One int32 1 per device, expanded (not materialised) as scatter_add's source."""
-
-    def __init__(self) -> None:
-        self.by_device: dict[torch.device, torch.Tensor] = {}
-
-    def get(self, device: torch.device) -> torch.Tensor:
-        if device not in self.by_device:
-            self.by_device[device] = torch.ones(1, dtype=torch.int32, device=device)
-        return self.by_device[device]
-
-
-_ONE = _Ones()
+    return x + fused_moe(h, w.router, w.w13, w.w2, s.top_k, w.shared13, w.shared2, w.shared_gate)
 
 
 # ------------------------------------------------------------------ LM head, MTP fc

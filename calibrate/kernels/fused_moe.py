@@ -63,7 +63,7 @@ def _logits_kernel(x, router, gate, logits, T, H, stride_x, stride_l,
     o_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
     m_t = o_t < T
     m_r = o_e < E
-    m_g = (o_e == E) & HAS_GATE
+    m_g = (o_e == E) & (o_e < E + HAS_GATE)  # column E exists only with a shared expert
     b_acc = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
     for k0 in range(0, H, BLOCK_H):
         o_h = k0 + tl.arange(0, BLOCK_H)

@@ -1,6 +1,9 @@
 """Random inputs for the fused kernels, as keyword dicts both a kernel and its reference take."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import torch
 
 BF16 = torch.bfloat16
@@ -60,3 +63,24 @@ def paged_inputs(q_lens: list[int], contexts: list[int], block_size: int, kv_hea
         "max_seqlen_q": max(q_lens),
         "scale": head_dim ** -0.5,
     }
+
+
+@contextmanager
+def nan_poison() -> Iterator[None]:
+    """Inside, torch.empty / empty_like come back filled with NaN (floats) or -77 (ints), so an
+    output element a kernel forgot to write fails a check instead of reading as stale memory."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def poison(t: torch.Tensor) -> torch.Tensor:
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        elif t.dtype != torch.bool:
+            t.fill_(-77)
+        return t
+
+    torch.empty = lambda *a, **kw: poison(empty(*a, **kw))
+    torch.empty_like = lambda *a, **kw: poison(empty_like(*a, **kw))
+    try:
+        yield
+    finally:
+        torch.empty, torch.empty_like = empty, empty_like

@@ -42,7 +42,7 @@ def default_config(max_seqlen_q: int, group: int) -> AttnConfig:
     """Block sizes by the longest query run in the batch (bench-tuned on the H200, see NOTES.md)."""
     rows = max_seqlen_q * group
     if rows <= 64:
-        return AttnConfig(block_m=max(16, triton.next_power_of_2(rows)), block_n=64, num_warps=4, num_stages=3)
+        return AttnConfig(block_m=max(16, triton.next_power_of_2(rows)), block_n=64, num_warps=4, num_stages=2)
     return AttnConfig(block_m=64, block_n=64, num_warps=4, num_stages=2, num_splits=1)
 
 
@@ -78,8 +78,8 @@ def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v
 @triton.jit
 def _find_request(cu_q, pid, B, BLOCK_Q: tl.constexpr):
     """The request b whose query blocks hold program pid: last b with cu_q[b] // BLOCK_Q + b <= pid."""
-    lo = 0
-    hi = B
+    lo: tl.int32 = 0
+    hi: tl.int32 = B
     while lo < hi:
         mid = (lo + hi) // 2
         if tl.load(cu_q + mid) // BLOCK_Q + mid <= pid:
