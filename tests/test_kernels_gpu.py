@@ -4,8 +4,10 @@ import dataclasses
 import pytest
 import torch
 
-from policies.kernels import conv, reconstruct, reference as R, replay, store_all
+from policies.kernels import conv, reconstruct, reconstruct_deferred as RD, reference as R, replay, store_all
 from policies.kernels.inputs import chain, full, preorder, random_inputs, random_tree, rel_err, star
+from policies.kernels.treewy import Tuning
+from policies.kernels.variants import VARIANTS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -33,13 +35,13 @@ def test_real_shapes(policy, dtype, tol):
 @pytest.mark.parametrize("trees", [[chain(4), chain(4), [-1], chain(2)],
                                    [full((2, 2, 2)), preorder(full((2, 2, 2))), chain(9)],
                                    [full((3, 3, 3)), chain(40), star(7)]], ids=["T4", "T15", "T40"])
-@pytest.mark.parametrize("blocked", [False, True], ids=["rows", "blocked"])
-def test_reconstruct_paths_real_shapes(monkeypatch, trees, blocked):
-    """35B-A3B heads, ragged: the row-by-row verify (forced for every T; unrolled up to 16) with
-    the unrolled commit, and the blocked tl.dot verify with the looped commit, against float64."""
+@pytest.mark.parametrize("tuning", [Tuning(rows_max=64), Tuning(verify="blocked", commit="loop"), *VARIANTS.values()],
+                         ids=["rows", "blocked-loop", *VARIANTS])
+def test_reconstruct_paths_real_shapes(monkeypatch, trees, tuning):
+    """35B-A3B heads, ragged: every verify kernel (the row verify forced for every T, unrolled up to
+    16) and commit, and every tuning the bench's variants mode times, against float64."""
     from policies.kernels import treewy
-    monkeypatch.setattr(treewy, "ROWS_MAX", 0 if blocked else 64)
-    monkeypatch.setattr(treewy, "COMMIT_UNROLL_MAX", 0 if blocked else 16)
+    monkeypatch.setattr(treewy, "TUNING", tuning)
     x = on_gpu(random_inputs(trees, hk=16, hv=32, dk=128, dv=128, seed=6))
     o_ref, states = R.recurrence(**x)
     o, ctx = reconstruct.verify(**{**x, "state": x["state"].clone()})
@@ -106,6 +108,76 @@ def test_reconstruct_tree_in_cuda_graph():
         o_ref, states = R.recurrence(**ref)
         assert rel_err(o_out, o_ref) < 1e-5, i
         assert rel_err(s_out, states[torch.arange(B), accepted.long()]) < 1e-5, i
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["f32", "bf16"])
+def test_deferred_real_shapes(dtype, tol):
+    """35B-A3B heads, three steps on a ragged batch ((3,3,3), chain 64, (4,4,4)), state in
+    `dtype`: each step's outputs and the final flush against the float64 recurrence carried
+    across steps (rounded to `dtype` at each commit, as stored)."""
+    trees = [full((3, 3, 3)), chain(64), full((4, 4, 4))]
+    ds = truth = None
+    for step, acc in enumerate(([39, 63, 84], [5, 0, 20], [13, 40, 84])):
+        x = on_gpu(random_inputs(trees, hk=16, hv=32, dk=128, dv=128, seed=20 + step, dtype=torch.bfloat16))
+        if ds is None:
+            ds = RD.DeferredState.start(x["state"].to(dtype), max_path=65, hk=16)
+            truth = x["state"].to(dtype).double()
+        o_ref, states = R.recurrence(**{**x, "state": truth})
+        o, ctx = RD.verify(**{**x, "state": ds})
+        assert rel_err(o, o_ref) < tol, step
+        accepted = torch.tensor(acc, dtype=torch.int32, device="cuda")
+        RD.commit(ctx, accepted)
+        truth = states[torch.arange(3), accepted.long()].to(dtype).double()
+    assert rel_err(RD.flush(ds), truth) < tol
+
+
+def test_deferred_steps_in_cuda_graph():
+    """verify + commit of reconstruct_deferred captured once (T = 40) and replayed as successive
+    steps with other trees, sizes and accepted nodes written into the same tensors; one slot
+    is discarded and refilled between two replays. Outputs each step and the final flush match."""
+    T, B = 40, 3
+    static = on_gpu(random_inputs([full((3, 3, 3))] * B, hk=2, hv=4, dk=128, dv=128, seed=30))
+    static["lengths"] = torch.full((B,), T, dtype=torch.int32, device="cuda")
+    acc = torch.zeros(B, dtype=torch.int32, device="cuda")
+    ds = RD.DeferredState.start(static.pop("state").clone(), max_path=40, hk=2, k_dtype=torch.float32)
+
+    def step():
+        o, ctx = RD.verify(**static, state=ds, check=False)
+        RD.commit(ctx, acc, check=False)
+        return o
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    RD.discard(ds, torch.ones(B, dtype=torch.bool, device="cuda"))  # the warm-up step never happened
+    truth = ds.state.double().clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_out = step()
+    gen = torch.Generator().manual_seed(31)
+    trees = [[chain(40), full((3, 3, 3)), star(17)], [random_tree(40, gen), preorder(full((3, 3, 3))), [-1]],
+             [full((2, 2, 2)), random_tree(33, gen), chain(12)]]
+    for i, tr in enumerate(trees):
+        x = on_gpu(random_inputs(tr, hk=2, hv=4, dk=128, dv=128, seed=40 + i, T=T))
+        lengths = torch.tensor([len(t) for t in tr], dtype=torch.int32, device="cuda")
+        for name in ("q", "k", "v", "g", "beta", "parent"):
+            static[name].copy_(x[name])
+        static["lengths"].copy_(lengths)
+        accepted = torch.tensor([len(t) - 1 for t in tr], dtype=torch.int32, device="cuda")
+        acc.copy_(accepted)
+        if i == 2:  # slot 1's request ended; a new one arrives with its own state
+            RD.discard(ds, torch.tensor([False, True, False], device="cuda"))
+            fresh = torch.randn(4, 128, 128, device="cuda")
+            truth[1] = fresh.double()
+            ds.state[1] = fresh
+        graph.replay()
+        torch.cuda.synchronize()
+        o_ref, states = R.recurrence(**{**x, "lengths": lengths, "state": truth})
+        assert rel_err(o_out, o_ref) < 1e-5, i
+        truth = states[torch.arange(B), accepted.long()]
+    assert rel_err(RD.flush(ds), truth) < 1e-5
 
 
 @pytest.mark.parametrize("policy", ["store_all", "reconstruct"])

@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from policies.kernels import reconstruct, reference as R, replay, store_all
 from policies.kernels.inputs import chain, full, preorder, random_inputs, rel_err, star
+from policies.kernels.treewy import Tuning
 
 pytestmark = pytest.mark.usefixtures("nan_poison")
 POLICIES = {"store_all": store_all, "reconstruct": reconstruct}
@@ -156,33 +157,43 @@ def test_kernel_dims_must_be_powers_of_two():
         reconstruct.verify(**x)
 
 
-PATHS = {  # name: (ROWS_MAX, COMMIT_UNROLL_MAX, trees)
-    "rows-unrolled": (16, 16, [full((3, 3)), preorder(full((2, 2))), [-1]]),
-    "rows-loop": (64, 16, [full((2, 2, 2)), chain(20), [-1]]),
-    "blocked-small": (0, 0, [chain(4), chain(2), [-1]]),
+PATHS = {  # name: (tuning, trees)
+    "rows-unrolled": (Tuning(rows_max=16, commit="loop"), [full((3, 3)), preorder(full((2, 2))), [-1]]),
+    "rows-loop": (Tuning(rows_max=64), [full((2, 2, 2)), chain(20), [-1]]),
+    "blocked-small": (Tuning(verify="blocked", commit="loop"), [chain(4), chain(2), [-1]]),
+    "blocked-large": (Tuning(verify="blocked"), [chain(20), full((2, 2, 2))]),
+    "fused-bv16-ieee": (Tuning(verify_bv=16, commit_bv=16, prec="ieee"), [chain(33), full((3, 3)), [-1]]),
 }
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_reconstruct_paths_forced(monkeypatch, path):
-    """Defaults: the row verify for T <= 4, the blocked tl.dot one beyond, the looped commit.
-    Each kernel stays exact outside its default range: the row verify unrolled (T <= 16) and
-    looped (T = 20), the unrolled commit, and the blocked verify on the smallest trees."""
+    """Every verify kernel (fused, row by row unrolled and looped, blocked solve + apply) and both
+    commits (tl.dot blocks, per-node loop) are exact, whichever the default is."""
     from policies.kernels import treewy
-    rows_max, commit_unroll, trees = PATHS[path]
-    monkeypatch.setattr(treewy, "ROWS_MAX", rows_max)
-    monkeypatch.setattr(treewy, "COMMIT_UNROLL_MAX", commit_unroll)
+    tuning, trees = PATHS[path]
+    monkeypatch.setattr(treewy, "TUNING", tuning)
     x = random_inputs(trees, hk=1, hv=2, dk=16, dv=16, seed=12)
-    check_policy("reconstruct", x, F32, nodes=[0, 1, 3, 6, 11, 19])
+    check_policy("reconstruct", x, F32, nodes=[0, 1, 3, 6, 11, 19, 32])
 
 
-@pytest.mark.parametrize("rows_max", [4, 16], ids=["default", "rows"])
-def test_replay_outputs_after_cache(monkeypatch, rows_max):
-    """Cache + tree of 3 + 7 = 10 positions (outputs from position 3), blocked by default and
+def test_tuning_rejects_bad_fields():
+    with pytest.raises(ValueError, match="verify"):
+        Tuning(verify="fast")
+    with pytest.raises(ValueError, match="verify_bv"):
+        Tuning.parse("verify_bv=24")
+    with pytest.raises(ValueError, match="unknown tuning field 'bv'"):
+        Tuning.parse("bv=16")
+    assert Tuning.parse("commit=loop,verify_warps=2") == Tuning(commit="loop", verify_warps=2)
+
+
+@pytest.mark.parametrize("tuning", [Tuning(), Tuning(rows_max=16)], ids=["default", "rows"])
+def test_replay_outputs_after_cache(monkeypatch, tuning):
+    """Cache + tree of 3 + 7 = 10 positions (outputs from position 3), through the fused verify (the default) and
     through the unrolled row verify: the second step's outputs, with the first step's path
     cached, equal the recurrence."""
     from policies.kernels import treewy
-    monkeypatch.setattr(treewy, "ROWS_MAX", rows_max)
+    monkeypatch.setattr(treewy, "TUNING", tuning)
     x1 = random_inputs([full((2, 2))], hk=1, hv=1, dk=16, dv=16, seed=31)
     rs = replay.ReplayState.start(x1["state"].clone(), flush_interval=2, max_path=3, hk=1, dtype=torch.float32)
     _, states = R.recurrence(**x1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import datetime
 import gc
 import json
@@ -31,10 +32,11 @@ from typing import Callable
 import torch
 import triton
 
-from policies.kernels import reconstruct, replay, store_all
+from policies.kernels import reconstruct, reconstruct_deferred, replay, store_all, treewy
 from policies.kernels.inputs import chain, full, random_inputs, rel_err
-from policies.kernels.treewy import (MAX_POSITIONS, ROWS_MAX, lengths_or_full, solve, state_pass, tree_prep, uses_rows,
+from policies.kernels.treewy import (MAX_POSITIONS, Tuning, lengths_or_full, solve, state_pass, tree_prep, verify_kernel,
                                      wy_state)
+from policies.kernels.variants import VARIANT_CASES, VARIANTS, check_tuning
 
 # GDN_BENCH_REHEARSAL=1 on a machine without a GPU (with TRITON_INTERPRET=1): the same command
 # end to end at toy sizes on the CPU (wall-clock timings, no graphs), so a device call cannot
@@ -55,7 +57,8 @@ if REHEARSAL:
 TREES = {"1,1,1": (1, 1, 1), "1,1,1,1,1,1,1": (1,) * 7, "2,2,2": (2, 2, 2), "3,3,3": (3, 3, 3),
          "4,4,4": (4, 4, 4)}
 CHAINS = (2, 16, 32, 64)      # extra chains (positions T), beside (1,1,1) = 4 and (1,)*7 = 8
-POLICIES = ("store_all", "reconstruct", "replay")
+POLICIES = ("store_all", "reconstruct", "replay", "reconstruct_deferred")
+STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # --reference-store-all: store_all timed beside a filtered run at these (model, tree, B)
 STORE_ALL_REFERENCE = {("qwen3.5-35b-a3b", "1,1,1", 64), ("qwen3.5-35b-a3b", "1,1,1", 128)}
 if REHEARSAL:
@@ -66,7 +69,7 @@ MAX_COPIES = 128              # at B = 1 that is still 80-320 MB of distinct buf
 MAX_FOOTPRINT = 40 << 30      # one call's buffers; larger cases are skipped (listed in provenance)
 FIELDS = ["model", "policy", "B", "T", "tree", "depth", "replayed_tokens", "flush", "mode", "verify_us",
           "commit_us", "total_us", "verify_bytes", "commit_bytes", "bytes", "gbs", "pct_of_copy_bw",
-          "extra_mem_bytes", "copies"]
+          "extra_mem_bytes", "copies", "state_dtype"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ class Case:
     B: int
     tree: str
     parents: tuple[int, ...]
+    state_dtype: str = "float32"
 
     @property
     def T(self) -> int:
@@ -90,8 +94,13 @@ class Case:
         return max(d)
 
 
-def cases(quick: bool) -> list[Case]:
-    """Smallest batches first, both models per batch: a run cut by --budget-s loses the largest B."""
+def cases(quick: bool, dtypes: tuple[str, ...] = ("float32",)) -> list[Case]:
+    """Smallest batches first, both models and state dtypes per batch: a run cut by --budget-s
+    loses the largest B."""
+    return [dataclasses.replace(c, state_dtype=d) for c in _cases(quick) for d in dtypes]
+
+
+def _cases(quick: bool) -> list[Case]:
     out = []
     for B in ((1, 128) if quick else BATCHES):
         if REHEARSAL and B > 2:
@@ -111,7 +120,7 @@ def cases(quick: bool) -> list[Case]:
 
 # ---------------------------------------------------------------- bytes each call must move
 def _sizes(c: Case) -> dict[str, int]:
-    return dict(S=c.B * c.hv * D * D * 4,                                   # float32 state
+    return dict(S=c.B * c.hv * D * D * STATE_DTYPES[c.state_dtype].itemsize,
                 inp=c.B * c.T * (2 * c.hk * D * 2 + c.hv * D * 2 + 2 * c.hv * 4),  # bf16 q,k,v; f32 g,beta
                 o=c.B * c.T * c.hv * D * 2, u=c.B * c.T * c.hv * D * 4,
                 path_uk=c.B * (c.depth + 1) * (c.hv * D * 4 + c.hk * D * 2))
@@ -123,6 +132,8 @@ def policy_bytes(c: Case, policy: str, replayed: int, flush: bool) -> tuple[int,
         return s["S"] * (1 + c.T) + s["inp"] + s["o"], 2 * s["S"]
     if policy == "reconstruct":
         return s["S"] + s["inp"] + s["o"] + s["u"], 2 * s["S"] + s["path_uk"]
+    if policy == "reconstruct_deferred":  # verify: the previous commit's write and its pending path
+        return 2 * s["S"] + s["path_uk"] + s["inp"] + s["o"] + s["u"], 2 * s["path_uk"]
     per_tok_cache = c.B * (c.hk * D * 2 + c.hv * D * 2 + 2 * c.hv * 4)
     per_tok_u = c.B * c.hv * D * 4
     verify = s["S"] + s["inp"] + replayed * per_tok_cache + s["o"] + s["u"] + replayed * per_tok_u
@@ -229,7 +240,8 @@ def make_copy(c: Case, seed: int) -> dict[str, torch.Tensor]:
                 g=-torch.rand(B, T, c.hv, device=DEVICE, generator=gen),
                 beta=torch.rand(B, T, c.hv, device=DEVICE, generator=gen) * 0.98 + 0.01,
                 parent=torch.tensor(c.parents, dtype=torch.int32, device=DEVICE).expand(B, T).contiguous(),
-                state=torch.randn(B, c.hv, D, D, device=DEVICE, generator=gen), lengths=None)
+                state=torch.randn(B, c.hv, D, D, device=DEVICE, generator=gen).to(STATE_DTYPES[c.state_dtype]),
+                lengths=None)
 
 
 def fill_cache(rs: replay.ReplayState, seed: int) -> None:
@@ -240,8 +252,10 @@ def fill_cache(rs: replay.ReplayState, seed: int) -> None:
     rs.beta.uniform_(0.01, 0.99, generator=gen)
 
 
-def run_policy(c: Case, policy: str, replayed: int, flush: bool, copy_bw: float) -> list[dict]:
-    mods = {"store_all": store_all, "reconstruct": reconstruct, "replay": replay}
+def run_policy(c: Case, policy: str, replayed: int, flush: bool, copy_bw: float,
+               modes: tuple[str, ...] = ("graph", "eager")) -> list[dict]:
+    mods = {"store_all": store_all, "reconstruct": reconstruct, "replay": replay,
+            "reconstruct_deferred": reconstruct_deferred}
     mod = mods[policy]
     vb, cb = policy_bytes(c, policy, replayed, flush)
     per_call = vb  # every policy's verify touches all of its buffers once
@@ -252,11 +266,15 @@ def run_policy(c: Case, policy: str, replayed: int, flush: bool, copy_bw: float)
     base = _allocated()
     xs = [make_copy(c, seed) for seed in range(copies)]
     acc = torch.full((c.B,), c.T - 1, dtype=torch.int32, device=DEVICE)  # deepest node: longest path
-    rss: list[replay.ReplayState | None] = [None] * copies
+    rss: list[replay.ReplayState | reconstruct_deferred.DeferredState | None] = [None] * copies
     _sync()
     inputs_mem = _allocated()
 
     def state_arg(i: int):
+        if policy == "reconstruct_deferred":
+            if rss[i] is None:
+                rss[i] = reconstruct_deferred.DeferredState.start(xs[i]["state"], max_path=c.depth + 1, hk=c.hk)
+            return rss[i]
         if policy != "replay":
             return xs[i]["state"]
         if rss[i] is None:
@@ -293,8 +311,11 @@ def run_policy(c: Case, policy: str, replayed: int, flush: bool, copy_bw: float)
     reset()
     ctxs = [f()[1] for f in verify_calls]
     commit_calls = [lambda i=i: mod.commit(ctxs[i], acc, check=False) for i in range(copies)]
+    if policy == "reconstruct_deferred":
+        for f in commit_calls:  # every timed verify applies a full pending path (depth + 1 nodes)
+            f()
     rows = []
-    for mode in ("graph", "eager"):
+    for mode in modes:
         reset()
         if mode == "graph":
             # Phase fixed before capture: the captured commit is the flush or the append.
@@ -309,7 +330,7 @@ def run_policy(c: Case, policy: str, replayed: int, flush: bool, copy_bw: float)
                          commit_us=round(c_us, 2), total_us=round(total, 2), verify_bytes=vb, commit_bytes=cb,
                          bytes=vb + cb, gbs=round((vb + cb) / total / 1e3, 1),
                          pct_of_copy_bw=round(100 * (vb + cb) / (total * 1e-6) / copy_bw, 1),
-                         extra_mem_bytes=extra, copies=copies))
+                         extra_mem_bytes=extra, copies=copies, state_dtype=c.state_dtype))
     del xs, ctxs, rss, verify_calls, commit_calls
     gc.collect()
     _sync()
@@ -326,7 +347,7 @@ def policy_variants(c: Case, policies: tuple[str, ...] = POLICIES,
     commit flushes) and one holding m - 1 steps of accepted paths, committed both ways.
     `policies` filters; `reference_store_all` adds store_all at STORE_ALL_REFERENCE cases."""
     full_cache = (FLUSH_INTERVAL - 1) * (c.depth + 1)
-    out = [("store_all", 0, True), ("reconstruct", 0, True), ("replay", 0, True)]
+    out = [("store_all", 0, True), ("reconstruct", 0, True), ("reconstruct_deferred", 0, True), ("replay", 0, True)]
     if full_cache + c.T <= MAX_POSITIONS:
         out += [("replay", full_cache, False), ("replay", full_cache, True)]
     ref = reference_store_all and (c.model, c.tree, c.B) in STORE_ALL_REFERENCE
@@ -337,7 +358,7 @@ def policy_variants(c: Case, policies: tuple[str, ...] = POLICIES,
 def kernels_vs_T(copy_bw: float, B: int = 64, model: str = "qwen3.5-35b-a3b",
                  Ts: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)) -> list[dict]:
     """reconstruct on chains, kernel by kernel (graph timing): the tree prep, the state pass
-    (`_rows_kernel` for T <= ROWS_MAX, else the blocked solve + apply, the solve also alone)
+    (the kernel `treewy.TUNING` picks; the blocked verify's solve also alone)
     and the commit to the deepest node; each pass over the state with its % of copy bandwidth."""
     hk, hv = MODELS[model]
     out = []
@@ -355,10 +376,10 @@ def kernels_vs_T(copy_bw: float, B: int = 64, model: str = "qwen3.5-35b-a3b",
                  state_pass=[lambda x=x: state_pass(x["q"], x["k"], x["v"], x["beta"], x["state"], x["mask"], x["gc"],
                                                     x["lengths"]) for x in xs],
                  commit=[lambda x=x: wy_state(x["ctx"], acc, out=x["state"]) for x in xs])
-        if not uses_rows(T):
+        if verify_kernel(T) == "blocked":
             t["solve"] = [lambda x=x: solve(x["q"], x["k"], x["v"], x["beta"], x["mask"], x["gc"], x["lengths"])
                           for x in xs]
-        row = dict(model=model, B=B, T=T, state_pass_kernel="rows" if uses_rows(T) else "blocked solve + apply")
+        row = dict(model=model, B=B, T=T, state_pass_kernel=verify_kernel(T))
         row.update({f"{name}_us": round(time_graph(calls), 2) for name, calls in t.items()})
         vb, cb = policy_bytes(c, "reconstruct", 0, True)  # the state pass moves all of verify's bytes but g's
         row["state_pass_pct_of_copy_bw"] = round(100 * vb / (row["state_pass_us"] * 1e-6) / copy_bw, 1)
@@ -368,7 +389,76 @@ def kernels_vs_T(copy_bw: float, B: int = 64, model: str = "qwen3.5-35b-a3b",
     return out
 
 
-def fla_reference(copy_bw: float) -> dict:
+def run_variants(copy_bw: float, out: Path, deadline: float, names: tuple[str, ...]) -> list[str]:
+    """Each tuning of `names`: the exactness check, then graph timings of reconstruct and
+    reconstruct_deferred at VARIANT_CASES (35B-A3B, float32 state). Writes variants.csv as it
+    goes; returns what did not run. A failing variant is logged and skipped."""
+    model = "qwen3.5-35b-a3b"
+    hk, hv = MODELS[model]
+    fields = ["variant", "tuning", "check", "policy", "model", "B", "T", "tree", "verify_us", "commit_us",
+              "total_us", "bytes", "pct_of_copy_bw", "state_dtype"]
+    skipped = []
+    with (out / "variants.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        for name in names:
+            tuning = VARIANTS[name]
+            if time.time() > deadline:
+                skipped.append(f"variant {name}: not run (time budget)")
+                continue
+            try:
+                errs = check_tuning(tuning, hk, hv, D, DEVICE)
+            except Exception as exc:  # one broken variant must not stop the others
+                print(f"variant {name}: check failed to run: {type(exc).__name__}: {exc}", flush=True)
+                skipped.append(f"variant {name}: check raised {type(exc).__name__}: {exc}")
+                continue
+            ok = all(e < 1e-4 for e in errs.values())
+            print(f"variant {name} ({tuning.label()}): check {'ok' if ok else 'FAILED'} "
+                  + " ".join(f"{k}={v:.1e}" for k, v in errs.items()), flush=True)
+            if not ok:
+                skipped.append(f"variant {name}: inexact {errs}")
+                continue
+            old = treewy.TUNING
+            treewy.TUNING = tuning
+            try:
+                for tree, parents, B in VARIANT_CASES:
+                    if REHEARSAL:
+                        B = 2
+                    c = Case(model, hk, hv, B, tree, parents)
+                    for policy in ("reconstruct", "reconstruct_deferred"):
+                        if time.time() > deadline:
+                            skipped.append(f"variant {name} {policy} B={B} T={c.T}: not run (time budget)")
+                            continue
+                        try:
+                            rows = run_policy(c, policy, 0, True, copy_bw, modes=("graph",))
+                        except Exception as exc:
+                            print(f"variant {name} {policy} T={c.T}: {type(exc).__name__}: {exc}", flush=True)
+                            skipped.append(f"variant {name} {policy} B={B} T={c.T}: {type(exc).__name__}: {exc}")
+                            _recover()
+                            continue
+                        for r in rows:
+                            w.writerow(dict(variant=name, tuning=tuning.label(), check=max(errs.values()), policy=policy,
+                                            model=model, B=B, T=c.T, tree=tree, verify_us=r["verify_us"],
+                                            commit_us=r["commit_us"], total_us=r["total_us"], bytes=r["bytes"],
+                                            pct_of_copy_bw=r["pct_of_copy_bw"], state_dtype=c.state_dtype))
+                            print(f"variant {name:20} {policy:20} B={B:<3} T={c.T:<3} {tree:6} verify "
+                                  f"{r['verify_us']:8.1f} commit {r['commit_us']:7.1f} total {r['total_us']:8.1f} us "
+                                  f"{r['pct_of_copy_bw']:5.1f}%", flush=True)
+                        fh.flush()
+            finally:
+                treewy.TUNING = old
+    return skipped
+
+
+def _recover() -> None:
+    """After a failed case: free what it left so the next one starts clean."""
+    gc.collect()
+    if not REHEARSAL:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def fla_reference(copy_bw: float, quick: bool = False) -> dict:
     """fla's fused_recurrent_gated_delta_rule on chains (final state only), if the wheel is there."""
     try:
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
@@ -378,7 +468,9 @@ def fla_reference(copy_bw: float) -> dict:
     res = {"available": True, "version": fla.__version__, "rows": []}
     model = "qwen3.5-35b-a3b"
     hk, hv = MODELS[model]
-    for B in BATCHES:
+    for B in ((1, 128) if quick else BATCHES):
+        if REHEARSAL and B > 2:
+            B = 2
         for T in (4, 16):
             c = Case(model, hk, hv, B, "chain", tuple(chain(T)))
             s = _sizes(c)
@@ -421,12 +513,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m policies.kernels.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, type=Path, help="folder for kernels.csv and kernels_provenance.json")
     ap.add_argument("--quick", action="store_true", help="35B only, B in {1, 128}, trees (1,1,1) and (3,3,3)")
-    ap.add_argument("--budget-s", type=float, default=0.0,
+    ap.add_argument("--budget-s", "--time-budget-s", dest="budget_s", type=float, default=0.0,
                     help="start no new case after this many seconds (0: no limit); the rest is listed as not run")
     ap.add_argument("--git-commit", default=os.environ.get("GIT_COMMIT", "unknown"),
                     help="commit of the code measured (the device copy has no .git)")
     ap.add_argument("--policies", default=",".join(POLICIES),
-                    help="comma-separated policies to time (default: all three)")
+                    help=f"comma-separated policies to time (default: all of {','.join(POLICIES)}; empty: none)")
+    ap.add_argument("--state-dtype", default="float32",
+                    help=f"comma-separated state dtypes of the main table ({','.join(STATE_DTYPES)})")
+    ap.add_argument("--tuning", default="",
+                    help="kernel choice for the whole run, e.g. 'verify_bv=16,verify_warps=2' (fields of treewy.Tuning)")
+    ap.add_argument("--variants", default="",
+                    help=f"first time these tunings ('all' or a comma list of {','.join(VARIANTS)}) at the target "
+                         "shapes, into variants.csv")
     ap.add_argument("--reference-store-all", action="store_true",
                     help="also time store_all at 35B-A3B (1,1,1), B in {64, 128}, as a same-run reference")
     ap.add_argument("--no-fla", action="store_true", help="skip the fla outside reference")
@@ -435,12 +534,23 @@ def main(argv: list[str] | None = None) -> int:
                     help="chain lengths T of the kernel-by-kernel table (B = 64; empty: none)")
     args = ap.parse_args(argv)
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
-    if not policies or any(p not in POLICIES for p in policies):
+    if any(p not in POLICIES for p in policies):
         ap.error(f"--policies takes a comma-separated subset of {','.join(POLICIES)}, got {args.policies!r}")
+    dtypes = tuple(d.strip() for d in args.state_dtype.split(",") if d.strip())
+    if not dtypes or any(d not in STATE_DTYPES for d in dtypes):
+        ap.error(f"--state-dtype takes a comma-separated subset of {','.join(STATE_DTYPES)}, got {args.state_dtype!r}")
+    variants = tuple(VARIANTS) if args.variants == "all" else tuple(v for v in args.variants.split(",") if v)
+    if any(v not in VARIANTS for v in variants):
+        ap.error(f"--variants takes 'all' or a comma-separated subset of {','.join(VARIANTS)}, got {args.variants!r}")
+    try:
+        treewy.TUNING = Tuning.parse(args.tuning) if args.tuning else treewy.TUNING
+    except (ValueError, TypeError) as exc:
+        ap.error(f"--tuning: {exc}")
     if not torch.cuda.is_available() and not REHEARSAL:
         print("bench: needs a CUDA GPU (run it through the device tool)", file=sys.stderr)
         return 2
     t_start = time.time()
+    deadline = t_start + args.budget_s if args.budget_s else math.inf
     args.out.mkdir(parents=True, exist_ok=True)
     prov = environment(args)
     copy_bw = copy_bandwidth()
@@ -449,50 +559,64 @@ def main(argv: list[str] | None = None) -> int:
     prov["bytes_formula"] = {
         "store_all": "verify S(1+T) + inputs + o; commit 2S (read the accepted slot, write the state)",
         "reconstruct": "verify S + inputs + o + u; commit 2S + path (u, k)",
+        "reconstruct_deferred": "verify 2S (the previous step's commit: read, write) + pending path (u, k) + inputs "
+                                "+ o + u; commit 2 x path (u, k) (read, write the pending slots)",
         "replay": "verify S + inputs + cached inputs + o + u (cache + tree); commit flush 2S + path (u, k) over "
                   "cache + path, append 2 x path inputs",
-        "units": "S = B Hv 128 128 x 4 (float32 state); q, k, v, o bf16; g, beta, u float32",
+        "units": "S = B Hv 128 128 x (4: float32 state, 2: bfloat16, column state_dtype); q, k, v, o bf16; "
+                 "g, beta, u float32",
     }
     prov["policies"] = list(policies) + (["store_all (reference: 35B (1,1,1), B 64, 128)"]
                                          if args.reference_store_all and "store_all" not in policies else [])
-    prov["rows_max"] = ROWS_MAX
+    prov["state_dtypes"] = list(dtypes)
+    prov["tuning"] = treewy.TUNING.label()
     prov_path = args.out / f"{args.stem}_provenance.json"
+    skipped: list[str] = []
+    if variants:
+        prov["variants"] = {v: VARIANTS[v].label() for v in variants}
+        skipped += run_variants(copy_bw, args.out, deadline, variants)
+        prov_path.write_text(json.dumps(prov, indent=1) + "\n")
+    try:
+        prov["fla_fused_recurrent"] = ({"available": False, "reason": "--no-fla"} if args.no_fla
+                                       else fla_reference(copy_bw, args.quick))
+    except Exception as exc:  # an outside reference failing must not lose our own measurements
+        prov["fla_fused_recurrent"] = {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
+        _recover()
+    print("fla", json.dumps(prov["fla_fused_recurrent"])[:3000], flush=True)
     kts = tuple(int(t) for t in args.kernel_ts.split(",") if t.strip())
     try:
         prov["kernels_vs_T"] = kernels_vs_T(copy_bw, B=KERNELS_B, Ts=kts) if "reconstruct" in policies and kts else []
     except Exception as exc:  # the per-kernel table failing must not lose the main rows
         prov["kernels_vs_T"] = [{"error": f"{type(exc).__name__}: {exc}"}]
-        gc.collect()
-        if not REHEARSAL:
-            torch.cuda.empty_cache()
+        _recover()
     for r in prov["kernels_vs_T"]:
         print("kernels", r, flush=True)
-    try:
-        prov["fla_fused_recurrent"] = ({"available": False, "reason": "--no-fla"} if args.no_fla
-                                       else fla_reference(copy_bw))
-    except Exception as exc:  # an outside reference failing must not lose our own measurements
-        prov["fla_fused_recurrent"] = {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
-    print("fla", json.dumps(prov["fla_fused_recurrent"])[:3000], flush=True)
     prov_path.write_text(json.dumps(prov, indent=1) + "\n")  # partial, rewritten at the end
-    skipped = []
     csv_path = args.out / f"{args.stem}.csv"
     with csv_path.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=FIELDS)
         w.writeheader()
-        for c in cases(args.quick):
-            if args.budget_s and time.time() - t_start > args.budget_s:
-                skipped.append(f"{c.model} B={c.B} T={c.T} {c.tree}: not run (time budget {args.budget_s:.0f} s)")
+        for c in cases(args.quick, dtypes):
+            if time.time() > deadline:
+                skipped.append(f"{c.model} B={c.B} T={c.T} {c.tree} {c.state_dtype}: not run "
+                               f"(time budget {args.budget_s:.0f} s)")
                 continue
             for policy, replayed, flush in policy_variants(c, policies, args.reference_store_all):
-                rows = run_policy(c, policy, replayed, flush, copy_bw)
+                try:
+                    rows = run_policy(c, policy, replayed, flush, copy_bw)
+                except Exception as exc:  # one failing case is logged; the rest still run
+                    print(f"FAILED {policy} {c}: {type(exc).__name__}: {exc}", flush=True)
+                    skipped.append(f"{c.model} {policy} B={c.B} T={c.T} {c.state_dtype}: {type(exc).__name__}: {exc}")
+                    _recover()
+                    continue
                 if not rows:
                     skipped.append(f"{c.model} {policy} B={c.B} T={c.T}: one call's buffers exceed {MAX_FOOTPRINT >> 30} GiB")
                 for r in rows:
                     w.writerow(r)
                     if r["mode"] == "graph":
-                        print(f"{c.model[:14]:14} {policy:11} r={replayed:<3} f={int(flush)} B={c.B:<3} T={c.T:<3} "
-                              f"{c.tree:14} verify {r['verify_us']:9.1f} commit {r['commit_us']:8.1f} us "
-                              f"{r['pct_of_copy_bw']:5.1f}% extra {r['extra_mem_bytes'] / 2**20:9.1f} MiB", flush=True)
+                        print(f"{c.model[:14]:14} {policy[:14]:14} r={replayed:<3} f={int(flush)} B={c.B:<3} T={c.T:<3} "
+                              f"{c.tree:14} {c.state_dtype[:4]} verify {r['verify_us']:9.1f} commit {r['commit_us']:8.1f} "
+                              f"us {r['pct_of_copy_bw']:5.1f}% extra {r['extra_mem_bytes'] / 2**20:9.1f} MiB", flush=True)
                 fh.flush()
     prov["skipped"] = skipped
     prov["wall_s"] = round(time.time() - t_start, 1)

@@ -34,14 +34,66 @@ import triton.language as tl
 
 BC = 16  # positions per block: the smallest tl.dot tile
 MAX_POSITIONS = 128  # the ancestor mask is one [BT, BT] tile per tree
-# Trees of up to ROWS_MAX positions (rounded up to a power of two) verify in one kernel, row by
-# row on the register state tile (`_rows_kernel`); larger ones through the blocked tl.dot solve +
-# apply. `_rows_kernel` is exact for any T <= 128 (tests force it); 4 is where it stops winning.
-ROWS_MAX = int(os.environ.get("GDN_ROWS_MAX", "4"))
 ROWS_UNROLL_MAX = 16  # `_rows_kernel` unrolls its rows for trees of at most this many positions
-COMMIT_UNROLL_MAX = int(os.environ.get("GDN_COMMIT_UNROLL_MAX", "0"))  # 0: the looped commit
 # tf32x3 keeps float32 accuracy (~1e-7 relative) on the tensor cores; plain tf32 does not.
 DOT_PRECISION = os.environ.get("GDN_DOT_PRECISION", "tf32x3")
+VERIFY_KINDS = ("fused", "blocked", "rows")
+COMMIT_KINDS = ("dot", "loop")
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Which kernel runs each pass and its launch shape; the bench's variants mode times several.
+
+    verify: "fused" (`_fused_kernel`: solve and state pass in one, 16-position tl.dot blocks),
+    "blocked" (`_solve_kernel` + `_apply_kernel`) or "rows" (`_rows_kernel`, row by row);
+    rows_max: trees of at most this many positions use "rows" whatever `verify` says.
+    commit: "dot" (`_commit_dot_kernel`, the path in 16-node tl.dot blocks) or "loop"
+    (`_state_kernel`, one rank-1 update per path node). bv: state rows per program. stages:
+    Triton's software pipelining of the block loops; 1 (none) by default: most trees are one
+    block, and a deeper pipeline's shared-memory buffers cut the programs in flight per SM.
+    """
+    verify: str = "fused"
+    verify_bv: int = 32
+    verify_warps: int = 4
+    verify_stages: int = 1
+    rows_max: int = 0
+    commit: str = "dot"
+    commit_bv: int = 32
+    commit_warps: int = 4
+    commit_stages: int = 1
+    prec: str = DOT_PRECISION
+
+    def __post_init__(self) -> None:
+        if self.verify not in VERIFY_KINDS:
+            raise ValueError(f"Tuning.verify must be one of {', '.join(VERIFY_KINDS)}, got {self.verify!r}")
+        if self.commit not in COMMIT_KINDS:
+            raise ValueError(f"Tuning.commit must be one of {', '.join(COMMIT_KINDS)}, got {self.commit!r}")
+        for name in ("verify_bv", "commit_bv"):
+            bv = getattr(self, name)
+            if bv < 16 or bv & (bv - 1):
+                raise ValueError(f"Tuning.{name} must be a power of two >= 16, got {bv}")
+        if self.prec not in ("tf32x3", "ieee"):
+            raise ValueError(f"Tuning.prec must be tf32x3 or ieee (plain tf32 loses float32 accuracy), got {self.prec!r}")
+
+    @classmethod
+    def parse(cls, text: str) -> "Tuning":
+        """"verify=fused,verify_bv=16,commit=loop" (fields not named keep their defaults)."""
+        kw: dict[str, object] = {}
+        names = {f: type(getattr(cls(), f)) for f in cls.__dataclass_fields__}
+        for item in filter(None, (x.strip() for x in text.split(","))):
+            key, _, val = item.partition("=")
+            if key not in names:
+                raise ValueError(f"unknown tuning field {key!r}; valid: {', '.join(names)}")
+            kw[key] = names[key](val)
+        return cls(**kw)
+
+    def label(self) -> str:
+        return ",".join(f"{f}={getattr(self, f)}" for f in self.__dataclass_fields__)
+
+
+# GDN_TUNING="verify=rows,rows_max=4,commit=loop" reproduces run 2's defaults.
+TUNING = Tuning.parse(os.environ.get("GDN_TUNING", ""))
 
 
 @triton.jit
@@ -265,7 +317,7 @@ def _rows_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, len
 
 @triton.jit
 def _state_kernel(k_ptr, state_ptr, mask_ptr, gc_ptr, u_ptr, acc_ptr, out_ptr, T, Hk, Hv, A_OFFSET,
-                  DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, UNROLL: tl.constexpr):
+                  DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr):
     """S_a = G_a S_0 + sum over the path to a of (G_a / G_i) u_i k_i^T, one rank-1 update per path node."""
     pid = tl.program_id(0)
     NV: tl.constexpr = DV // BV
@@ -279,25 +331,196 @@ def _state_kernel(k_ptr, state_ptr, mask_ptr, gc_ptr, u_ptr, acc_ptr, out_ptr, T
     p_s = ((b * Hv + h) * DV + rv[:, None]) * DK + rk[None, :]
     ga = tl.load(gc_ptr + (b * T + a) * Hv + h)
     s = tl.exp(ga) * tl.load(state_ptr + p_s).to(tl.float32)
-    if UNROLL > 0:
-        # Small trees: every position, unrolled and branch-free, so all path loads are in flight
-        # at once; positions off the path (the mask is 0 past the tree's length) load nothing.
-        for i in tl.static_range(UNROLL):
-            m = tl.load(mask_ptr + b * BT * BT + a * BT + i).to(tl.int32)
-            gi = tl.load(gc_ptr + (b * T + i) * Hv + h)  # i < T: written by the prep for every position
-            w = tl.where(m != 0, tl.exp(ga - gi), 0.0)
-            ui = tl.load(u_ptr + ((b * T + i) * Hv + h) * DV + rv, mask=(rv * 0 + m) != 0, other=0.0)
-            ki = tl.load(k_ptr + ((b * T + i) * Hk + hk) * DK + rk, mask=(rk * 0 + m) != 0, other=0.0).to(tl.float32)
+    # Ancestors precede a (parent-first order).
+    for i in range(0, a + 1):
+        if tl.load(mask_ptr + b * BT * BT + a * BT + i) != 0:
+            w = tl.exp(ga - tl.load(gc_ptr + (b * T + i) * Hv + h))
+            ui = tl.load(u_ptr + ((b * T + i) * Hv + h) * DV + rv)
+            ki = tl.load(k_ptr + ((b * T + i) * Hk + hk) * DK + rk).to(tl.float32)
             s += (w * ui)[:, None] * ki[None, :]
-    else:
-        # Ancestors precede a (parent-first order).
-        for i in range(0, a + 1):
-            if tl.load(mask_ptr + b * BT * BT + a * BT + i) != 0:
-                w = tl.exp(ga - tl.load(gc_ptr + (b * T + i) * Hv + h))
-                ui = tl.load(u_ptr + ((b * T + i) * Hv + h) * DV + rv)
-                ki = tl.load(k_ptr + ((b * T + i) * Hk + hk) * DK + rk).to(tl.float32)
-                s += (w * ui)[:, None] * ki[None, :]
     tl.store(out_ptr + p_s, s.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _commit_dot_kernel(k_ptr, state_ptr, mask_ptr, gc_ptr, u_ptr, acc_ptr, out_ptr, T, Hk, Hv, A_OFFSET,
+                       DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                       PREC: tl.constexpr):
+    """`_state_kernel`'s sum as (w u)^T k products over 16 path slots at a time: every load of a
+    block is issued at once instead of one dependent mask test per node."""
+    pid = tl.program_id(0)
+    NV: tl.constexpr = DV // BV
+    bh = pid // NV
+    b = (bh // Hv).to(tl.int64)
+    h = bh % Hv
+    hk = h // (Hv // Hk)
+    a = tl.load(acc_ptr + b) + A_OFFSET
+    rc = tl.arange(0, BC)
+    rk = tl.arange(0, DK)
+    rv = (pid % NV) * BV + tl.arange(0, BV)
+    p_s = ((b * Hv + h) * DV + rv[:, None]) * DK + rk[None, :]
+    ga = tl.load(gc_ptr + (b * T + a) * Hv + h)
+    s = tl.exp(ga) * tl.load(state_ptr + p_s).to(tl.float32)
+    for j in range(0, tl.cdiv(a + 1, BC)):
+        tj = j * BC + rc
+        on = (tl.load(mask_ptr + b * BT * BT + a * BT + tj) != 0) & (tj < T)
+        w = tl.where(on, tl.exp(ga - tl.load(gc_ptr + (b * T + tj) * Hv + h, mask=on, other=0.0)), 0.0)
+        uj = tl.load(u_ptr + ((b * T + tj[:, None]) * Hv + h) * DV + rv[None, :], mask=on[:, None], other=0.0)
+        kj = tl.load(k_ptr + ((b * T + tj[:, None]) * Hk + hk) * DK + rk[None, :], mask=on[:, None],
+                     other=0.0).to(tl.float32)
+        s += tl.dot(tl.trans(w[:, None] * uj), kj, input_precision=PREC)
+    tl.store(out_ptr + p_s, s.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _apply_pending(s, pu_ptr, pk_ptr, pg_ptr, pn_ptr, b, h, hk, rv, rk, Hk, Hv, P,
+                   DK: tl.constexpr, DV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr):
+    """The previous step's commit on the tile s = S_old[rv, :]: G_a S_old + sum_i pu_i pk_i^T,
+    with pu already weighted by G_a / G_i (`_gather_path_kernel`)."""
+    npend = tl.load(pn_ptr + b)
+    s = tl.exp(tl.load(pg_ptr + b * Hv + h)) * s
+    rc = tl.arange(0, BC)
+    for j in range(0, tl.cdiv(npend, BC)):
+        tj = j * BC + rc
+        on = tj < npend
+        pu = tl.load(pu_ptr + ((b * P + tj[:, None]) * Hv + h) * DV + rv[None, :], mask=on[:, None], other=0.0)
+        pk = tl.load(pk_ptr + ((b * P + tj[:, None]) * Hk + hk) * DK + rk[None, :], mask=on[:, None],
+                     other=0.0).to(tl.float32)
+        s += tl.dot(tl.trans(pu), pk, input_precision=PREC)
+    return s
+
+
+@triton.jit
+def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, lengths_ptr, o_ptr, u_ptr,
+                  pu_ptr, pk_ptr, pg_ptr, pn_ptr, T, Hk, Hv, O_START, T_OUT, P,
+                  DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                  NSQ: tl.constexpr, PENDING: tl.constexpr, PREC: tl.constexpr):
+    """Solve and state pass in one program per (sequence, v-head, v-block), 16 positions at a time.
+
+    The tile s = S_0[rv, :] is read once (PENDING: S_old, brought up to date by the previous
+    step's deferred commit and written back). Per block j of positions, with earlier blocks'
+    pseudo-values U_i (this program's own u rows, read back):
+      R_j = b_j (V_j - G_j K_j S_0^T) - sum_{i<j} A_ji U_i,   U_j = (I + L_jj)^-1 R_j
+      O_j = G_j Q_j S_0^T + sum_{i<=j} Att_ji U_i
+    K_j S_0^T and Q_j S_0^T are the only products with the state (precision PREC); the small
+    ones (16 x 16 x {16, BV}) run in float32 FMA. L_jj is strictly lower triangular, so
+    (I + L)^-1 = (I - L)(I + L^2)(I + L^4)(I + L^8): NSQ factors (L^(2^NSQ) = 0 for a block of
+    at most 2^NSQ positions) of independent tl.dot products instead of a 16-step substitution
+    whose every step is a cross-thread reduction.
+    """
+    pid = tl.program_id(0)
+    NV: tl.constexpr = DV // BV
+    bh = pid // NV
+    b = (bh // Hv).to(tl.int64)
+    h = bh % Hv
+    hk = h // (Hv // Hk)
+    n = tl.load(lengths_ptr + b)
+    rc = tl.arange(0, BC)
+    rk = tl.arange(0, DK)
+    rv = (pid % NV) * BV + tl.arange(0, BV)
+    p_s = state_ptr + ((b * Hv + h) * DV + rv[:, None]) * DK + rk[None, :]
+    s = tl.load(p_s).to(tl.float32)
+    if PENDING:
+        s = _apply_pending(s, pu_ptr, pk_ptr, pg_ptr, pn_ptr, b, h, hk, rv, rk, Hk, Hv, P, DK=DK, DV=DV, BC=BC,
+                           PREC=PREC)
+        s = s.to(state_ptr.dtype.element_ty)
+        tl.store(p_s, s)
+        s = s.to(tl.float32)  # verify from the state exactly as committed (bf16: rounded)
+    st = tl.trans(s)
+    lower = rc[:, None] > rc[None, :]
+    for j in range(0, tl.cdiv(T, BC)):
+        tj = j * BC + rc
+        mj = tj < n
+        kj = tl.load(k_ptr + ((b * T + tj[:, None]) * Hk + hk) * DK + rk[None, :], mask=mj[:, None],
+                     other=0.0).to(tl.float32)
+        qj = tl.load(q_ptr + ((b * T + tj[:, None]) * Hk + hk) * DK + rk[None, :], mask=mj[:, None],
+                     other=0.0).to(tl.float32)
+        vj = tl.load(v_ptr + ((b * T + tj[:, None]) * Hv + h) * DV + rv[None, :], mask=mj[:, None],
+                     other=0.0).to(tl.float32)
+        bj = tl.load(beta_ptr + (b * T + tj) * Hv + h, mask=mj, other=0.0).to(tl.float32)
+        gj = tl.load(gc_ptr + (b * T + tj) * Hv + h, mask=mj, other=0.0)
+        ej = tl.exp(gj)
+        rhs = bj[:, None] * (vj - ej[:, None] * tl.dot(kj, st, input_precision=PREC))
+        oj = ej[:, None] * tl.dot(qj, st, input_precision=PREC)
+        for i in range(0, j):
+            ti = i * BC + rc
+            ki = tl.load(k_ptr + ((b * T + ti[:, None]) * Hk + hk) * DK + rk[None, :], mask=(ti < n)[:, None],
+                         other=0.0).to(tl.float32)
+            gi = tl.load(gc_ptr + (b * T + ti) * Hv + h, mask=ti < n, other=0.0)
+            ui = tl.load(u_ptr + ((b * T + ti[:, None]) * Hv + h) * DV + rv[None, :])
+            anc = tl.load(mask_ptr + b * BT * BT + tj[:, None] * BT + ti[None, :]) != 0
+            dec = tl.where(anc, tl.exp(gj[:, None] - gi[None, :]), 0.0)
+            a_ji = bj[:, None] * dec * tl.dot(kj, tl.trans(ki), input_precision="ieee")
+            rhs -= tl.dot(a_ji, ui, input_precision="ieee")
+            oj += tl.dot(dec * tl.dot(qj, tl.trans(ki), input_precision="ieee"), ui, input_precision="ieee")
+        anc = tl.load(mask_ptr + b * BT * BT + tj[:, None] * BT + tj[None, :]) != 0
+        dec = tl.where(anc, tl.exp(gj[:, None] - gj[None, :]), 0.0)
+        uj = rhs
+        if NSQ > 0:
+            lp = tl.where(lower, bj[:, None] * dec * tl.dot(kj, tl.trans(kj), input_precision="ieee"), 0.0)
+            uj = rhs - tl.dot(lp, rhs, input_precision="ieee")
+            for _ in tl.static_range(NSQ - 1):
+                lp = tl.dot(lp, lp, input_precision="ieee")
+                uj += tl.dot(lp, uj, input_precision="ieee")
+        oj += tl.dot(dec * tl.dot(qj, tl.trans(kj), input_precision="ieee"), uj, input_precision="ieee")
+        inside = (tj < T)[:, None]
+        tl.store(u_ptr + ((b * T + tj[:, None]) * Hv + h) * DV + rv[None, :], uj, mask=inside)
+        to = tj - O_START
+        tl.store(o_ptr + ((b * T_OUT + to[:, None]) * Hv + h) * DV + rv[None, :], oj.to(o_ptr.dtype.element_ty),
+                 mask=inside & (tj >= O_START)[:, None])
+        # Later blocks of this program read these u rows back.
+        tl.debug_barrier()
+
+
+@triton.jit
+def _flush_kernel(state_ptr, sel_ptr, pu_ptr, pk_ptr, pg_ptr, pn_ptr, Hk, Hv, P,
+                  DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr):
+    """The pending commit of the selected sequences written into the state (nothing else)."""
+    pid = tl.program_id(0)
+    NV: tl.constexpr = DV // BV
+    bh = pid // NV
+    b = (bh // Hv).to(tl.int64)
+    h = bh % Hv
+    if tl.load(sel_ptr + b) != 0:
+        rk = tl.arange(0, DK)
+        rv = (pid % NV) * BV + tl.arange(0, BV)
+        p_s = state_ptr + ((b * Hv + h) * DV + rv[:, None]) * DK + rk[None, :]
+        s = _apply_pending(tl.load(p_s).to(tl.float32), pu_ptr, pk_ptr, pg_ptr, pn_ptr, b, h, h // (Hv // Hk), rv, rk,
+                           Hk, Hv, P, DK=DK, DV=DV, BC=BC, PREC=PREC)
+        tl.store(p_s, s.to(state_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _gather_path_kernel(k_ptr, mask_ptr, gc_ptr, u_ptr, acc_ptr, pu_ptr, pk_ptr, pg_ptr, pn_ptr, T, Hk, Hv, P,
+                        DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, HVP: tl.constexpr,
+                        HKP: tl.constexpr):
+    """Deferred commit, one program per (sequence, path slot p): the p-th node on the path to
+    a = accepted[b] (ancestors in position order) copied to the pending slot, its pseudo-values
+    weighted by G_a / G_i, so the next verify applies sum_p pu_p pk_p^T without the tree."""
+    b = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
+    a = tl.load(acc_ptr + b)
+    r = tl.arange(0, BT)
+    on = tl.load(mask_ptr + b * BT * BT + a * BT + r) != 0
+    rank = tl.cumsum(on.to(tl.int32), axis=0)
+    count = tl.sum(on.to(tl.int32), axis=0)
+    node = tl.sum(tl.where(on & (rank == p + 1), r, 0), axis=0)
+    hv = tl.arange(0, HVP)
+    hkr = tl.arange(0, HKP)
+    rv = tl.arange(0, DV)
+    rk = tl.arange(0, DK)
+    ga = tl.load(gc_ptr + (b * T + a) * Hv + hv, mask=hv < Hv, other=0.0)
+    if p == 0:
+        tl.store(pg_ptr + b * Hv + hv, ga, mask=hv < Hv)
+        tl.store(pn_ptr + b, count)
+    if p < count:
+        w = tl.exp(ga - tl.load(gc_ptr + (b * T + node) * Hv + hv, mask=hv < Hv, other=0.0))
+        mv = (hv < Hv)[:, None]
+        uu = tl.load(u_ptr + ((b * T + node) * Hv + hv[:, None]) * DV + rv[None, :], mask=mv, other=0.0)
+        tl.store(pu_ptr + ((b * P + p) * Hv + hv[:, None]) * DV + rv[None, :], w[:, None] * uu, mask=mv)
+        mk = (hkr < Hk)[:, None]
+        kk = tl.load(k_ptr + ((b * T + node) * Hk + hkr[:, None]) * DK + rk[None, :], mask=mk, other=0.0)
+        tl.store(pk_ptr + ((b * P + p) * Hk + hkr[:, None]) * DK + rk[None, :], kk.to(pk_ptr.dtype.element_ty),
+                 mask=mk)
 
 
 @dataclass
@@ -315,14 +538,40 @@ class TreeSolve:
     mask: torch.Tensor
 
 
+@dataclass
+class Pending:
+    """A commit not yet written (reconstruct_deferred): the accepted path of the last step.
+
+    pu [B, P, Hv, Dv] float32: pseudo-values weighted by G_a / G_i; pk [B, P, Hk, Dk]: keys;
+    pg [B, Hv] float32: log G_a; pn [B] int32: path nodes pending (0: nothing, pg = 0).
+    """
+    pu: torch.Tensor
+    pk: torch.Tensor
+    pg: torch.Tensor
+    pn: torch.Tensor
+
+    @classmethod
+    def empty(cls, batch: int, max_path: int, hv: int, dv: int, hk: int, dk: int, k_dtype: torch.dtype,
+              device: torch.device) -> "Pending":
+        # Zeros: slots past pn are masked, but a NaN there would still poison 0 * NaN nowhere else.
+        return cls(pu=torch.zeros(batch, max_path, hv, dv, dtype=torch.float32, device=device),
+                   pk=torch.zeros(batch, max_path, hk, dk, dtype=k_dtype, device=device),
+                   pg=torch.zeros(batch, hv, dtype=torch.float32, device=device),
+                   pn=torch.zeros(batch, dtype=torch.int32, device=device))
+
+    @property
+    def max_path(self) -> int:
+        return self.pu.shape[1]
+
+
 def rows_block(T: int) -> int:
     """Rows of `_rows_kernel`'s pseudo-value tile: positions padded to a power of two."""
     return max(2, triton.next_power_of_2(T))
 
 
-def block_v(dv: int) -> int:
+def block_v(dv: int, bv: int = 32) -> int:
     """Columns of the state per program (DK and DV are powers of two >= 16, so it divides both)."""
-    return min(32, dv)
+    return min(bv, dv)
 
 
 def check_dims(dk: int, dv: int) -> None:
@@ -366,8 +615,9 @@ def tree_prep(parent: torch.Tensor, lengths: torch.Tensor, g: torch.Tensor) -> t
 
 def wy_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
               parent: torch.Tensor, state: torch.Tensor, lengths: torch.Tensor,
-              out_start: int = 0) -> tuple[torch.Tensor, TreeSolve]:
-    """Outputs of positions out_start.. (earlier ones are replayed history) and the solve."""
+              out_start: int = 0, pending: Pending | None = None) -> tuple[torch.Tensor, TreeSolve]:
+    """Outputs of positions out_start.. (earlier ones are replayed history) and the solve.
+    With `pending`, the deferred commit is first applied to `state` (written in place)."""
     B, T, Hk, DK = q.shape
     Hv, DV = v.shape[2:]
     check_dims(DK, DV)
@@ -375,26 +625,38 @@ def wy_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
         raise ValueError(f"T (verify positions, replayed cache included) must be at most {MAX_POSITIONS}, got {T}")
     mask, gc = tree_prep(parent, lengths, g)
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
-    o, u = state_pass(q, k, v, beta, state, mask, gc, lengths, out_start)
+    o, u = state_pass(q, k, v, beta, state, mask, gc, lengths, out_start, pending)
     return o, TreeSolve(k=k, state=state, lengths=lengths, u=u, gc=gc, mask=mask)
 
 
-def uses_rows(T: int) -> bool:
-    """Whether verify of T positions runs `_rows_kernel` (else the blocked solve + apply)."""
-    return rows_block(T) <= ROWS_MAX
+def verify_kernel(T: int, tuning: Tuning | None = None) -> str:
+    """Which kernel verifies T positions: "rows", "fused" or "blocked"."""
+    t = tuning or TUNING
+    return "rows" if rows_block(T) <= t.rows_max else t.verify
 
 
 def state_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, state: torch.Tensor,
-               mask: torch.Tensor, gc: torch.Tensor, lengths: torch.Tensor,
-               out_start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+               mask: torch.Tensor, gc: torch.Tensor, lengths: torch.Tensor, out_start: int = 0,
+               pending: Pending | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify after the prep: o [B, T - out_start, Hv, Dv] and u [B, T, Hv, Dv] float32 from one
-    read of the state; small trees in one kernel, large ones through the blocked solve + apply."""
+    read of the state (the kernel per `TUNING`); `pending` needs the fused kernel."""
     B, T, Hk, DK = q.shape
     Hv, DV = v.shape[2:]
+    t = TUNING
     o = torch.empty(B, T - out_start, Hv, DV, dtype=v.dtype, device=v.device)
     u = torch.empty(B, T, Hv, DV, dtype=torch.float32, device=v.device)
+    kind = "fused" if pending is not None else verify_kernel(T, t)
+    if kind == "fused":
+        BV = block_v(DV, t.verify_bv)
+        pd = pending or Pending(pu=u, pk=k, pg=gc, pn=lengths)  # placeholders: PENDING=False reads none
+        _fused_kernel[(B * Hv * (DV // BV),)](q, k, v, beta, state, mask, gc, lengths, o, u, pd.pu, pd.pk, pd.pg,
+                                              pd.pn, T, Hk, Hv, out_start, T - out_start, pd.pu.shape[1],
+                                              DK=DK, DV=DV, BV=BV, BT=mask.shape[-1], BC=BC,
+                                              NSQ=(min(T, BC) - 1).bit_length(), PENDING=pending is not None,
+                                              PREC=t.prec, num_warps=t.verify_warps, num_stages=t.verify_stages)
+        return o, u
     BV = block_v(DV)
-    if uses_rows(T):
+    if kind == "rows":
         BR = rows_block(T)
         _rows_kernel[(B * Hv * (DV // BV),)](q, k, v, beta, state, mask, gc, lengths, o, u, T, Hk, Hv, out_start,
                                              T - out_start, DK=DK, DV=DV, BV=BV, BR=BR, BT=mask.shape[-1],
@@ -402,19 +664,19 @@ def state_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Te
         return o, u
     x, z = solve(q, k, v, beta, mask, gc, lengths)
     _apply_kernel[(B * Hv * (DV // BV),)](q, state, gc, lengths, x, z, o, u, T, Hk, Hv, out_start, T - out_start,
-                                          DK=DK, DV=DV, BV=BV, BC=BC, PREC=DOT_PRECISION, num_warps=4)
+                                          DK=DK, DV=DV, BV=BV, BC=BC, PREC=t.prec, num_warps=4)
     return o, u
 
 
 def solve(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, mask: torch.Tensor,
           gc: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The state-free half of verify: X, Z [B, T, Hv, DK + DV] float32 (see `_solve_kernel`)."""
+    """The state-free half of the blocked verify: X, Z [B, T, Hv, DK + DV] float32 (see `_solve_kernel`)."""
     B, T, Hk, DK = q.shape
     Hv, DV = v.shape[2:]
     x = torch.empty(B, T, Hv, DK + DV, dtype=torch.float32, device=v.device)
     z = torch.empty_like(x)
     _solve_kernel[(B * Hv,)](q, k, v, beta, mask, gc, lengths, x, z, T, Hk, Hv, DK=DK, DV=DV, BC=BC,
-                             BT=mask.shape[-1], PREC=DOT_PRECISION, num_warps=4)
+                             BT=mask.shape[-1], PREC=TUNING.prec, num_warps=4)
     return x, z
 
 
@@ -422,9 +684,37 @@ def wy_state(ctx: TreeSolve, accepted: torch.Tensor, out: torch.Tensor, offset: 
     """Write the state of node accepted[b] + offset into `out` (may be ctx.state itself)."""
     B, T, Hk, DK = ctx.k.shape
     Hv, DV = ctx.u.shape[2:]
-    BV = block_v(DV)
-    unroll = T if T <= COMMIT_UNROLL_MAX else 0
-    _state_kernel[(B * Hv * (DV // BV),)](ctx.k, ctx.state, ctx.mask, ctx.gc, ctx.u, accepted.to(torch.int32), out,
-                                          T, Hk, Hv, offset, DK=DK, DV=DV, BV=BV, BT=ctx.mask.shape[-1],
-                                          UNROLL=unroll, num_warps=4)
+    t = TUNING
+    BV = block_v(DV, t.commit_bv)
+    args = (ctx.k, ctx.state, ctx.mask, ctx.gc, ctx.u, accepted.to(torch.int32), out, T, Hk, Hv, offset)
+    if t.commit == "dot":
+        _commit_dot_kernel[(B * Hv * (DV // BV),)](*args, DK=DK, DV=DV, BV=BV, BT=ctx.mask.shape[-1], BC=BC,
+                                                   PREC=t.prec, num_warps=t.commit_warps,
+                                                   num_stages=t.commit_stages)
+    else:
+        _state_kernel[(B * Hv * (DV // BV),)](*args, DK=DK, DV=DV, BV=BV, BT=ctx.mask.shape[-1],
+                                              num_warps=t.commit_warps)
     return out
+
+
+def gather_path(ctx: TreeSolve, accepted: torch.Tensor, pending: Pending) -> Pending:
+    """Deferred commit: the accepted path's weighted pseudo-values and keys into `pending`."""
+    B, T, Hk, DK = ctx.k.shape
+    Hv, DV = ctx.u.shape[2:]
+    _gather_path_kernel[(B, pending.max_path)](ctx.k, ctx.mask, ctx.gc, ctx.u, accepted.to(torch.int32), pending.pu,
+                                               pending.pk, pending.pg, pending.pn, T, Hk, Hv, pending.max_path,
+                                               DK=DK, DV=DV, BT=ctx.mask.shape[-1],
+                                               HVP=triton.next_power_of_2(Hv), HKP=triton.next_power_of_2(Hk),
+                                               num_warps=4)
+    return pending
+
+
+def apply_pending(state: torch.Tensor, pending: Pending, rows: torch.Tensor) -> torch.Tensor:
+    """Write the pending commit of sequences with rows[b] != 0 into `state` (in place)."""
+    B, Hv, DV, DK = state.shape
+    BV = block_v(DV, TUNING.commit_bv)
+    _flush_kernel[(B * Hv * (DV // BV),)](state, rows.to(torch.int32), pending.pu, pending.pk, pending.pg, pending.pn,
+                                          pending.pk.shape[2], Hv, pending.max_path, DK=DK, DV=DV, BV=BV, BC=BC,
+                                          PREC=TUNING.prec, num_warps=TUNING.commit_warps,
+                                          num_stages=TUNING.commit_stages)
+    return state

@@ -1,0 +1,62 @@
+"""Candidate kernel tunings for the bench's `--variants` mode, and the exactness check each
+must pass (against the float64 recurrence, at the models' head counts) before it is timed."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from policies.kernels import reconstruct, reconstruct_deferred, reference, treewy
+from policies.kernels.inputs import chain, full, random_inputs, rel_err
+from policies.kernels.treewy import Tuning
+
+VARIANTS: dict[str, Tuning] = {
+    "default": Tuning(),
+    "fused-bv16-w2": Tuning(verify_bv=16, verify_warps=2),
+    "fused-bv16-w4": Tuning(verify_bv=16, verify_warps=4),
+    "fused-bv32-w8": Tuning(verify_warps=8),
+    "fused-bv64-w4": Tuning(verify_bv=64, verify_warps=4),
+    "fused-bv64-w8": Tuning(verify_bv=64, verify_warps=8),
+    "ieee": Tuning(prec="ieee"),
+    "stages3": Tuning(verify_stages=3, commit_stages=3),
+    "commit-dot-bv16-w2": Tuning(commit_bv=16, commit_warps=2),
+    "commit-dot-bv64-w4": Tuning(commit_bv=64),
+    "commit-dot-bv32-w8": Tuning(commit_warps=8),
+    "run2": Tuning(verify="blocked", rows_max=4, commit="loop"),
+}
+# (tree name, parents, B) at 35B-A3B shapes: the issue's targets.
+VARIANT_CASES = (("1,1,1", tuple(full((1, 1, 1))), 128), ("3,3,3", tuple(full((3, 3, 3))), 128),
+                 ("chain", tuple(chain(16)), 64), ("chain", tuple(chain(64)), 64))
+
+
+def _on(x: dict, device: str) -> dict:
+    return {n: t.to(device) if isinstance(t, torch.Tensor) else t for n, t in x.items()}
+
+
+def check_tuning(tuning: Tuning, hk: int, hv: int, d: int, device: str) -> dict[str, float]:
+    """Relative errors of reconstruct (outputs, committed state) and two reconstruct_deferred
+    steps (second step's outputs, flushed state) under `tuning`, on a ragged batch of a (3,3,3)
+    tree, a chain of 16 and one of 4 (float32 state and inputs)."""
+    trees = [full((3, 3, 3)), chain(16), chain(4)]
+    x1 = _on(random_inputs(trees, hk=hk, hv=hv, dk=d, dv=d, seed=70), device)
+    x2 = _on(random_inputs([chain(4), full((3, 3, 3)), chain(16)], hk=hk, hv=hv, dk=d, dv=d, seed=71, T=40), device)
+    acc1 = torch.tensor([39, 15, 3], dtype=torch.int32, device=device)
+    acc2 = torch.tensor([3, 20, 9], dtype=torch.int32, device=device)
+    rows = torch.arange(3, device=device)
+    o1_ref, st1 = reference.recurrence(**x1)
+    truth1 = st1[rows, acc1.long()]
+    o2_ref, st2 = reference.recurrence(**{**x2, "state": truth1})
+    old = treewy.TUNING
+    treewy.TUNING = tuning
+    try:
+        o1, ctx = reconstruct.verify(**{**x1, "state": x1["state"].clone()})
+        s1 = reconstruct.commit(dataclasses.replace(ctx, state=x1["state"].clone()), acc1)
+        ds = reconstruct_deferred.DeferredState.start(x1["state"].clone(), max_path=16, hk=hk, k_dtype=x1["k"].dtype)
+        reconstruct_deferred.commit(reconstruct_deferred.verify(**{**x1, "state": ds})[1], acc1)
+        o2, ctx2 = reconstruct_deferred.verify(**{**x2, "state": ds})
+        reconstruct_deferred.commit(ctx2, acc2)
+        s2 = reconstruct_deferred.flush(ds)
+    finally:
+        treewy.TUNING = old
+    return dict(reconstruct_o=rel_err(o1, o1_ref), reconstruct_state=rel_err(s1, truth1),
+                deferred_o=rel_err(o2, o2_ref), deferred_state=rel_err(s2, st2[rows, acc2.long()]))
