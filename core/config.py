@@ -19,6 +19,8 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 PolicyName = Literal["store_all", "reconstruct", "replay", "reconstruct_deferred"]
+DType = Literal["float32", "bfloat16", "float16"]
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "bf16": 2, "fp8": 1}
 
 
 class ConfigError(ValueError):
@@ -71,12 +73,24 @@ class ModelConfig(_Strict):
     total_params: float = Field(gt=0)  # parameters incl. embeddings, MTP layer
     active_params: float = Field(gt=0)
     tensor_parallel: int = Field(1, gt=0)
-    mtp_depth: int = Field(3, ge=0)  # K: drafter passes per step (depth of the draft chain)
+    mtp_depth: int = Field(3, ge=0)  # K: drafter passes per step (vLLM's num_speculative_tokens); 0: no MTP
+    mtp_num_hidden_layers: int = Field(1, ge=0)  # MTP drafter layers: full-attention layers in the KV pool
     max_model_len: int = Field(262144, gt=0)
     weight_dtype_bytes: int = Field(2, gt=0)
-    kv_dtype_bytes: int = Field(2, gt=0)
-    state_dtype_bytes: int = Field(2, gt=0)  # the study used bf16 states; vLLM may use fp32
-    conv_dtype_bytes: int = Field(2, gt=0)
+    dtype: DType = "bfloat16"  # HF torch_dtype: activations and the conv state
+    # HF config's mamba_ssm_dtype, which vLLM's mamba_ssm_cache_dtype=auto takes (Qwen3.5:
+    # float32); a model without the field (Qwen3-Next) keeps its SSM state in `dtype`.
+    mamba_ssm_dtype: DType = "bfloat16"
+    kv_dtype_bytes: int = Field(2, gt=0)  # set from engine.kv_cache_dtype by sim.budget.served_model
+
+    @property
+    def state_dtype_bytes(self) -> int:
+        """Bytes per SSM-state element (kernel and latency tables are keyed by it too)."""
+        return DTYPE_BYTES[self.mamba_ssm_dtype]
+
+    @property
+    def conv_dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
 
     @model_validator(mode="after")
     def _pattern(self) -> "ModelConfig":
@@ -92,6 +106,11 @@ class ModelConfig(_Strict):
     @property
     def attn_layers(self) -> int:
         return self.num_layers - self.gdn_layers
+
+    @property
+    def pool_attn_layers(self) -> int:
+        """Full-attention layers holding KV in the pool: the target's, plus the MTP drafter's when it drafts."""
+        return self.attn_layers + (self.mtp_num_hidden_layers if self.mtp_depth > 0 else 0)
 
     @property
     def gdn_state_bytes_per_layer(self) -> int:
@@ -193,7 +212,7 @@ class EngineConfig(_Strict):
     activation_peak_mib: float | None = Field(None, ge=0)  # None: calibrated or analytic
     # vLLM engine semantics (the memory and engine-semantics issues set the defaults to current vLLM's).
     kv_cache_dtype: Literal["bf16", "fp8"] = "bf16"
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True  # vLLM v1's default
     mamba_cache_mode: Literal["none", "align"] | None = None  # None: "align" with prefix caching, else "none"
     language_model_only: bool = False  # vLLM --language-model-only: no multimodal encoder dummy batch
     max_model_len: int | None = Field(None, gt=0)  # None: the model's max_model_len
@@ -206,6 +225,25 @@ class EngineConfig(_Strict):
         if not (0.0 < v <= 1.0):
             raise ValueError(f"gmu must be in (0, 1], got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _cache_mode(self) -> "EngineConfig":
+        # vLLM sets "align" for GDN hybrids whenever prefix caching is on; "none" is what it
+        # runs with prefix caching off, and "align" has nothing to align to without it.
+        if self.mamba_cache_mode == "align" and not self.enable_prefix_caching:
+            raise ValueError("mamba_cache_mode 'align' needs enable_prefix_caching: true")
+        if self.mamba_cache_mode == "none" and self.enable_prefix_caching:
+            raise ValueError("mamba_cache_mode 'none' needs enable_prefix_caching: false "
+                             "(vLLM turns a GDN hybrid's prefix caching into 'align')")
+        return self
+
+    @property
+    def resolved_mamba_cache_mode(self) -> Literal["none", "align"]:
+        return self.mamba_cache_mode or ("align" if self.enable_prefix_caching else "none")
+
+    @property
+    def kv_dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.kv_cache_dtype]
 
 
 class ClientConfig(_Strict):
@@ -223,6 +261,7 @@ class RunConfig(_Strict):
     workload: str = "synthetic-fixed"
     workload_overrides: dict[str, Any] = Field(default_factory=dict)
     policy_overrides: dict[str, Any] = Field(default_factory=dict)
+    model_overrides: dict[str, Any] = Field(default_factory=dict)  # ModelConfig fields, e.g. mamba_ssm_dtype
     engine: EngineConfig = Field(default_factory=EngineConfig)
     client: ClientConfig = Field(default_factory=ClientConfig)
     num_requests: int = Field(1000, gt=0)
@@ -285,9 +324,10 @@ def _resolve(kind: str, name_or_path: str) -> Path:
     return path
 
 
-def load_model(name: str) -> ModelConfig:
+def load_model(name: str, overrides: dict[str, Any] | None = None) -> ModelConfig:
     path = _resolve("models", name)
-    return validate(ModelConfig, read_yaml(path), str(path))
+    data = {**read_yaml(path), **(overrides or {})}
+    return validate(ModelConfig, data, str(path) + (f" with overrides {overrides}" if overrides else ""))
 
 
 def load_hardware(name: str) -> HardwareConfig:

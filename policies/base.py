@@ -37,8 +37,10 @@ class CommitPolicy:
         """vLLM's num_speculative_blocks: extra state blocks per GDN group at admission."""
         return 0
 
-    def state_blocks_per_layer(self) -> int:
-        return 1 + self.spec_blocks_per_group()
+    def state_blocks_per_layer(self, align: bool = False) -> int:
+        """State blocks per request per GDN group: 1 + the speculative ones, and in vLLM's
+        mamba cache mode "align" (prefix caching on) one more for the block-aligned state."""
+        return (2 if align else 1) + self.spec_blocks_per_group()
 
     def spec_state_bytes_per_seq(self) -> int:
         """All full GDN states the policy keeps per running sequence (all GDN layers)."""

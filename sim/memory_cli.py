@@ -1,38 +1,95 @@
-"""`specsim memory`: DESIGN.md section 3's facts for a model, policy and tree, and the pool."""
+"""`specsim memory`: DESIGN.md section 3's facts for a model, policy and tree, and the pool vLLM builds.
+
+With `--hardware` (budget from gmu) or `--kv-cache-memory-gib` (the available KV memory
+as a vLLM log states it) it also prints the lines vLLM logs at startup, in vLLM's format.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+from typing import Any, get_args
 
-from core.config import EngineConfig, load_hardware, load_model, load_policy, validate
+from core.config import (ConfigError, DType, EngineConfig, GiB, hardware_names, load_hardware, load_model, load_policy,
+                         model_names, validate)
 from policies import DraftTree, make_policy
+from sim.budget import served_model
 from sim.memory import memory_facts, pool_facts
 
 MiB = 1 << 20
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True)
-    p.add_argument("--policy", required=True)
-    p.add_argument("--tree", default=None, help="per-depth widths, e.g. 1,1,1 or 3,3,3 (default: the policy's)")
-    p.add_argument("--hardware", default=None, help="also print the pool geometry on this GPU")
-    p.add_argument("--gmu", type=float, default=0.9)
+    p.add_argument("--model", required=True, help=f"one of {', '.join(model_names())} or a model .yaml")
+    p.add_argument("--policy", default="store_all", help="commit policy (default store_all, vLLM's own)")
+    p.add_argument("--tree", default=None,
+                   help="per-depth widths, e.g. 1,1,1 or 3,3,3 (default: a chain of --num-speculative-tokens, "
+                        "else the policy's)")
+    p.add_argument("--hardware", default=None, help=f"derive the KV budget on this GPU: {', '.join(hardware_names())}")
+    p.add_argument("--gmu", type=float, default=0.9, help="GPU memory utilisation with --hardware")
+    p.add_argument("--kv-cache-memory-gib", type=float, default=None,
+                   help="available KV cache memory per GPU in GiB, as vLLM logs it (instead of deriving it from gmu)")
+    p.add_argument("--max-model-len", type=int, default=None, help="tokens per request (default: the model's)")
+    p.add_argument("--num-speculative-tokens", type=int, default=None,
+                   help="K, the MTP drafts per step (default: the model's mtp_depth; 0: no MTP layer, no draft states)")
+    p.add_argument("--mamba-cache-mode", choices=["none", "align"], default=None,
+                   help="none: prefix caching off; align: on (vLLM's default for GDN hybrids)")
+    p.add_argument("--mamba-ssm-dtype", choices=list(get_args(DType)), default=None,
+                   help="SSM state dtype (default: the model's, float32 for Qwen3.5)")
+    p.add_argument("--kv-cache-dtype", choices=["bf16", "fp8"], default=None)
+    p.add_argument("--tensor-parallel", type=int, default=None, help="tensor-parallel size (default: the model's)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
+def _model_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    pairs = (("tensor_parallel", args.tensor_parallel), ("mtp_depth", args.num_speculative_tokens),
+             ("mamba_ssm_dtype", args.mamba_ssm_dtype))
+    return {k: v for k, v in pairs if v is not None}
+
+
+def _engine(args: argparse.Namespace) -> EngineConfig:
+    data: dict[str, Any] = {"gmu": args.gmu}
+    if args.kv_cache_dtype:
+        data["kv_cache_dtype"] = args.kv_cache_dtype
+    if args.mamba_cache_mode:
+        data.update(mamba_cache_mode=args.mamba_cache_mode, enable_prefix_caching=args.mamba_cache_mode == "align")
+    if args.max_model_len is not None:
+        data["max_model_len"] = args.max_model_len
+    return validate(EngineConfig, data, "specsim memory flags")
+
+
 def main(args: argparse.Namespace) -> int:
-    model = load_model(args.model)
-    overrides = {"draft_tree_widths": list(DraftTree.parse(args.tree).widths)} if args.tree else {}
-    policy = make_policy(model, load_policy(args.policy, overrides))
+    if args.kv_cache_memory_gib is not None and not args.kv_cache_memory_gib > 0:
+        raise ConfigError(f"--kv-cache-memory-gib must be a positive number of GiB, got {args.kv_cache_memory_gib}")
+    engine = _engine(args)
+    model = served_model(load_model(args.model, _model_overrides(args)), engine)
+    widths = None
+    if args.tree:
+        try:
+            widths = list(DraftTree.parse(args.tree).widths)
+        except ValueError as e:
+            raise ConfigError(f"--tree: {e}") from None
+    elif args.num_speculative_tokens:
+        widths = [1] * args.num_speculative_tokens
+    policy = make_policy(model, load_policy(args.policy, {"draft_tree_widths": widths} if widths else {}))
+    if model.mtp_depth and policy.tree.depth > model.mtp_depth:
+        raise ConfigError(f"--tree {policy.tree} has depth {policy.tree.depth}, but {model.name} drafts only "
+                          f"{model.mtp_depth} tokens (--num-speculative-tokens)")
     facts = memory_facts(model, policy)
-    if args.hardware:
-        engine = validate(EngineConfig, {"gmu": args.gmu}, "--gmu")
-        facts.update(pool_facts(model, load_hardware(args.hardware), engine, policy))
+    lines: list[str] = []
+    if args.hardware or args.kv_cache_memory_gib is not None:
+        hw = load_hardware(args.hardware) if args.hardware else None
+        kv = int(args.kv_cache_memory_gib * GiB) if args.kv_cache_memory_gib is not None else None
+        pool, lines = pool_facts(model, hw, engine, policy, kv)
+        facts.update(pool)
     if args.json:
-        print(json.dumps(facts, indent=2))
-    else:
-        width = max(map(len, facts))
-        for k, v in facts.items():
-            extra = f"  ({v / MiB:,.2f} MiB)" if k.endswith("bytes") or "_bytes_" in k else ""
-            print(f"{k:<{width}}  {v}{extra}" if not isinstance(v, int) else f"{k:<{width}}  {v:,}{extra}")
+        print(json.dumps({**facts, "vllm_log": lines}, indent=2))
+        return 0
+    for line in lines:
+        print(line)
+    if lines:
+        print()
+    width = max(map(len, facts))
+    for k, v in facts.items():
+        extra = f"  ({v / MiB:,.2f} MiB)" if isinstance(v, int) and (k.endswith("bytes") or "_bytes_" in k) else ""
+        print(f"{k:<{width}}  {v:,}{extra}" if isinstance(v, int) and not isinstance(v, bool) else f"{k:<{width}}  {v}")
     return 0

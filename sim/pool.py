@@ -2,15 +2,18 @@
 
 Both count abstract units (blocks, or bytes) so the scheduler does not care which:
 `attn_units(tokens)` is what a request's KV cache of that many tokens holds,
-`state_units` what its GDN state (1 + the policy's speculative blocks per GDN group,
-plus replay's input cache) takes once at admission. `usage` is vLLM's
-`kv_cache_usage`: 1 - free / usable.
+`state_units` what its GDN state (1 + the policy's speculative blocks per GDN group, one
+more in mamba cache mode "align", plus replay's input cache) takes once at admission.
+`usage` is vLLM's `kv_cache_usage`: 1 - free / usable, where vLLM's block pool keeps
+block 0 as the null block that no request holds.
 """
 from __future__ import annotations
 
 from core.config import ModelConfig
 from policies import CommitPolicy
 from sim.budget import BlockLayout
+
+NULL_BLOCKS = 1  # vLLM's BlockPool reserves block 0 (the null block); usage is over the rest
 
 
 class Pool:
@@ -58,7 +61,7 @@ class PagedPool(Pool):
     kind = "paged"
 
     def __init__(self, layout: BlockLayout) -> None:
-        super().__init__(layout.num_blocks, layout.state_blocks, layout.block_bytes)
+        super().__init__(layout.num_blocks - NULL_BLOCKS, layout.state_blocks, layout.block_bytes)
         self.layout = layout
 
     def attn_units(self, tokens: int) -> int:
@@ -70,11 +73,10 @@ class IdealPool(Pool):
 
     kind = "ideal"
 
-    def __init__(self, model: ModelConfig, policy: CommitPolicy, pool_bytes: int) -> None:
-        state = (model.gdn_layers * model.gdn_page_bytes_per_gpu(model.mtp_depth) * policy.state_blocks_per_layer()
-                 + policy.cache_bytes_per_seq_per_gpu())
+    def __init__(self, model: ModelConfig, layout: BlockLayout, cache_bytes: int, pool_bytes: int) -> None:
+        state = model.gdn_layers * layout.gdn_page_bytes * layout.state_blocks_per_group + cache_bytes
         super().__init__(pool_bytes, state, 1)
-        self.token_bytes = model.attn_layers * model.attn_page_bytes_per_token_per_gpu
+        self.token_bytes = model.pool_attn_layers * model.attn_page_bytes_per_token_per_gpu
 
     def attn_units(self, tokens: int) -> int:
         return tokens * self.token_bytes
@@ -84,5 +86,6 @@ def make_pool(kind: str, model: ModelConfig, policy: CommitPolicy, layout: Block
     if kind == "paged":
         return PagedPool(layout)
     if kind == "ideal":
-        return IdealPool(model, policy, pool_bytes)
+        cache = policy.cache_bytes_per_seq_per_gpu() if layout.cache_blocks else 0
+        return IdealPool(model, layout, cache, pool_bytes)
     raise ValueError(f"engine.allocator must be 'paged' or 'ideal', got {kind!r}")

@@ -1,4 +1,7 @@
-"""DESIGN.md section 3's memory facts, exactly, for both models, all policies, both trees."""
+"""DESIGN.md section 3's memory facts, exactly, for both models, all policies, both trees.
+
+DESIGN.md states them for the study's 2-byte state; vLLM's default (fp32, the HF
+config's mamba_ssm_dtype) doubles the state bytes."""
 import json
 
 import pytest
@@ -11,19 +14,22 @@ from sim.memory import memory_facts
 
 MiB, GiB = 1 << 20, 1 << 30
 MODELS = {"qwen3.5-35b-a3b": (30, 10, 30 * MiB, 0.625 * GiB), "qwen3.5-397b-a17b": (45, 15, 90 * MiB, 0.9375 * GiB)}
+STATE_BYTES = {"bfloat16": 1, "float32": 2}  # multiple of DESIGN.md's 2-byte state
 
 
-def facts(model, policy, widths):
-    m = load_model(model)
+def facts(model, policy, widths, ssm_dtype="bfloat16"):
+    m = load_model(model, {"mamba_ssm_dtype": ssm_dtype})
     return memory_facts(m, make_policy(m, load_policy(policy, {"draft_tree_widths": widths})))
 
 
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("policy", ["store_all", "reconstruct", "replay"])
 @pytest.mark.parametrize("widths", [[1, 1, 1], [3, 3, 3]])
-def test_memory_facts(model, policy, widths):
+@pytest.mark.parametrize("ssm_dtype", STATE_BYTES)
+def test_memory_facts(model, policy, widths, ssm_dtype):
     gdn, attn, state, kv32k = MODELS[model]
-    f = facts(model, policy, widths)
+    state *= STATE_BYTES[ssm_dtype]
+    f = facts(model, policy, widths, ssm_dtype)
     assert (f["gdn_layers"], f["attn_layers"]) == (gdn, attn)
     assert f["gdn_state_bytes_per_seq"] == state
     assert f["kv_bytes_per_seq_32k"] == kv32k
@@ -37,13 +43,22 @@ def test_store_all_chain_copies():
     assert facts("qwen3.5-397b-a17b", "store_all", [1, 1, 1])["spec_state_bytes_per_seq"] == 360 * MiB
 
 
-@pytest.mark.parametrize("state_bytes,block_tokens", [(2, 560), (4, 1072)])
-def test_attention_block_enlarged_to_gdn_page(state_bytes, block_tokens):
-    m = load_model("qwen3.5-35b-a3b").model_copy(update={"state_dtype_bytes": state_bytes})
+def test_qwen35_is_served_with_fp32_state_by_default():
+    # vLLM takes the HF config's mamba_ssm_dtype (float32): 60 MiB per sequence for 35B-A3B.
+    m = load_model("qwen3.5-35b-a3b")
+    assert m.mamba_ssm_dtype == "float32" and m.state_dtype_bytes == 4
+    assert m.gdn_layers * m.gdn_state_bytes_per_layer == 60 * MiB
+    assert load_model("qwen3-next-80b-a3b").state_dtype_bytes == 2  # no such HF field: the model dtype
+
+
+@pytest.mark.parametrize("ssm_dtype,block_tokens", [("bfloat16", 560), ("float32", 1072)])
+def test_attention_block_enlarged_to_gdn_page(ssm_dtype, block_tokens):
+    m = load_model("qwen3.5-35b-a3b", {"mamba_ssm_dtype": ssm_dtype})
     layout = block_layout(m, make_policy(m, load_policy("store_all")), 10 * GiB)
     assert layout.attn_block_tokens == block_tokens  # DESIGN: about 560 (2-byte) and 1,070 (fp32)
     assert layout.page_bytes >= m.gdn_page_bytes_per_gpu(m.mtp_depth)
-    assert (layout.attn_groups, layout.gdn_groups, layout.group_layers) == (1, 3, 10)
+    # 30 GDN + 10 attention + the MTP layer: groups of 11, three padding layers among the GDN groups.
+    assert (layout.attn_groups, layout.gdn_groups, layout.group_layers) == (1, 3, 11)
 
 
 def test_memory_cli_json(capsys):
@@ -69,7 +84,7 @@ def test_bad_gmu(gmu):
 
 def test_unknown_names_list_valid_ones(capsys):
     assert cli(["memory", "--model", "qwen9", "--policy", "store_all"]) == 2
-    assert "valid: qwen3.5-35b-a3b, qwen3.5-397b-a17b" in capsys.readouterr().err
+    assert "valid: qwen3-next-80b-a3b, qwen3.5-35b-a3b, qwen3.5-397b-a17b" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="valid: reconstruct, replay, store_all"):
         load_policy("greedy")
 

@@ -1,0 +1,44 @@
+"""calibrate/profile_peak.py: the sampler emulation against float64, and one point's phases on tiny CPU shapes."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from core.config import ModelConfig, load_hardware, validate  # noqa: E402
+from calibrate.grid import QUICK  # noqa: E402
+from calibrate.measure import Harness  # noqa: E402
+from calibrate.shapes import LayerShapes  # noqa: E402
+
+TINY = {
+    "name": "tiny-hybrid", "hidden_size": 64, "layer_pattern": ["gdn", "gdn", "gdn", "attn"], "num_layers": 4,
+    "gdn": {"num_k_heads": 2, "num_v_heads": 4, "head_k_dim": 16, "head_v_dim": 16, "conv_kernel": 4},
+    "attention": {"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 16},
+    "moe": {"num_experts": 8, "top_k": 2, "shared_experts": 1, "expert_width": 32},
+    "vocab_size": 301, "total_params": 1.0e6, "active_params": 2.0e5, "mtp_depth": 2,
+}
+
+
+def test_sampler_matches_float64_top_k_top_p():
+    from calibrate.profile_peak import check_sampler
+    assert check_sampler(torch.device("cpu")) < 1e-5
+
+
+def test_sampler_check_catches_a_wrong_top_p(monkeypatch):
+    from calibrate import profile_peak as P
+    monkeypatch.setattr(P, "apply_top_k_top_p", lambda logits, k, p: logits)  # no top-k/top-p at all
+    with pytest.raises(AssertionError, match="float64"):
+        P.check_sampler(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_one_point_runs_every_phase(speculative):
+    from calibrate.profile_peak import measure_point
+    model = validate(ModelConfig, TINY, "tiny")
+    hw = load_hardware("h200")
+    h = Harness(LayerShapes.from_model(model), QUICK, torch.device("cpu"), ("eager",), hw.hbm_bandwidth_gbs,
+                hw.bf16_tflops, log=lambda m: None, rotate_bytes=0, min_copies=1)
+    with torch.inference_mode():
+        p = measure_point(h, model, tokens=24, seqs=5, speculative=speculative)
+    assert p["status"] == "ok" and p["rows"] == 5 and p["speculative"] == speculative
+    for key in ("forward_peak_bytes", "sampler_peak_bytes", "profile_peak_bytes", "profile_peak_bytes_no_sort",
+                "rejection_sampler_peak_bytes"):
+        assert key in p

@@ -1,0 +1,72 @@
+"""`specsim memory` prints vLLM's own startup lines; the one real log (VLLM_FACTS.md section 4) comes out exact."""
+import json
+
+import pytest
+
+from sim.cli import main as cli
+
+QWEN3_NEXT_LOG = [  # Qwen3-Next-80B-A3B-Instruct bf16, 2 x H200, TP 2, vLLM 0.10.2
+    "Setting attention block size to 544 tokens to ensure that attention page size is >= mamba page size.",
+    "Padding mamba page size by 1.49% to ensure that mamba page size and attention page size are exactly equal.",
+    "Available KV cache memory: 44.59 GiB",
+    "GPU KV cache size: 973,760 tokens",
+    "Maximum concurrency for 262,144 tokens per request: 14.77x",
+]
+ARGS = ["memory", "--model", "qwen3-next-80b-a3b", "--tensor-parallel", "2", "--max-model-len", "262144",
+        "--num-speculative-tokens", "0", "--mamba-cache-mode", "none"]
+
+
+def run(capsys, *args):
+    rc = cli([*args])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_real_log_exact(capsys):
+    rc, out, _ = run(capsys, *ARGS, "--kv-cache-memory-gib", "44.59")
+    assert rc == 0
+    assert out.split("\n\n")[0].splitlines() == QWEN3_NEXT_LOG
+
+
+def test_real_log_json_keys(capsys):
+    rc, out, _ = run(capsys, *ARGS, "--kv-cache-memory-gib", "44.59", "--json")
+    d = json.loads(out)
+    assert rc == 0 and d["vllm_log"] == QWEN3_NEXT_LOG
+    assert (d["attention_block_size"], d["num_blocks"], d["gpu_kv_cache_tokens"]) == (544, 7162, 973_760)
+    assert round(d["mamba_page_padding_pct"], 2) == 1.49
+    assert round(d["max_concurrency"], 2) == 14.77 and d["available_kv_cache_gib"] == 44.59
+
+
+def test_budget_from_gmu_is_near_the_log(capsys):
+    # Same server at gmu 0.9 without the given KV memory: within 0.5 GiB of the log's 44.59
+    # (weights from the model card, profile peak and non-torch/graph memory as estimated).
+    rc, out, _ = run(capsys, *ARGS, "--hardware", "h200", "--gmu", "0.9", "--json")
+    assert rc == 0
+    assert json.loads(out)["available_kv_cache_gib"] == pytest.approx(44.59, abs=0.5)
+
+
+def test_mtp_and_align_lines_for_qwen35(capsys):
+    rc, out, _ = run(capsys, "memory", "--model", "qwen3.5-35b-a3b", "--kv-cache-memory-gib", "10")
+    lines = out.split("\n\n")[0].splitlines()
+    assert rc == 0
+    assert lines[0].startswith("Setting attention block size to 1072 tokens")
+    assert "Add 3 padding layers, may waste at most 10.00% KV cache memory" in lines
+    # 10 GiB / (11 x 2,195,456 B) = 444 blocks; per request ceil(262,144 / 1,072) + 3 x (2 + 3).
+    assert lines[-1] == f"Maximum concurrency for 262,144 tokens per request: {444 / (245 + 15):.2f}x"
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--kv-cache-memory-gib", "-1"], "--kv-cache-memory-gib must be a positive number"),
+    (["--tensor-parallel", "0"], "tensor_parallel: Input should be greater than 0"),
+    (["--num-speculative-tokens", "2", "--tree", "1,1,1"], "drafts only 2 tokens"),
+])
+def test_bad_values_exit_2_naming_the_field(capsys, args, msg):
+    rc, _, err = run(capsys, "memory", "--model", "qwen3.5-35b-a3b", "--kv-cache-memory-gib", "10", *args)
+    assert rc == 2 and msg in err
+
+
+def test_bad_choice_lists_the_allowed_ones(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli(["memory", "--model", "qwen3.5-35b-a3b", "--mamba-ssm-dtype", "int8"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--mamba-ssm-dtype" in err and all(d in err for d in ("float32", "bfloat16", "float16"))
