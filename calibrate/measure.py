@@ -1,6 +1,9 @@
 """Time the layer tables on the GPU (or tiny shapes on the CPU, for tests).
 
-One function per table; each returns rows in tables.COLUMNS. Work counts (flops,
+One function per table; each returns rows in TABLE_COLUMNS (core.tables.COLUMNS plus
+`host_us`, the host's wall time to issue one call). Attention cores are our paged
+Triton kernel over a vLLM-style block pool (the model's enlarged block size, shuffled
+block tables); the MoE is the fused Triton MoE. Work counts (flops,
 bytes) are the minimum each call must do: every weight it touches read once, GEMM
 inputs read and outputs written once, the KV cache read once. `pct_bw` and
 `pct_flops` hold the measured time against the copy bandwidth and matrix rate
@@ -16,10 +19,15 @@ import torch
 
 from calibrate import layers as L
 from calibrate.grid import Grid
+from calibrate.kernels.paged_attention import AttnConfig, paged_attention
 from calibrate.shapes import LayerShapes
 from calibrate.timing import ROTATE_BYTES, Timing, copies_for, time_calls
+from core.config import load_model, load_policy, model_names
+from core.tables import COLUMNS
+from policies import make_policy
 
 ATTN_MAX_COPIES = 96  # tiny attention calls: many distinct KV regions per graph keep the L2 cold
+TABLE_COLUMNS = COLUMNS + ("host_us",)  # TABLE_JOBS' rows also carry the host's launch time per call
 
 
 @dataclass
@@ -60,8 +68,7 @@ def _token_table(h: Harness, name: str, weight_bytes: int, make: Callable[[], ob
     for n in h.grid.tokens:
         fns = [call(w, n) for w in ws]
         flops, nbytes = work(n)
-        for mode in h.modes:
-            rows.append(h.row(mode, h.time(fns, mode), B=n, P=1, ctx=0, tokens=n, flops=flops, nbytes=nbytes))
+        rows += _timed_rows(h, fns, list(h.modes), B=n, P=1, ctx=0, tokens=n, flops=flops, nbytes=nbytes)
         h.log(f"  {name} tokens={n}: " + ", ".join(f"{r['mode']} {r['us']:.1f} us" for r in rows[-len(h.modes):]))
         del fns
     return rows
@@ -115,14 +122,30 @@ def moe_table(h: Harness) -> list[dict]:
         x = h.randn(n, s.hidden)
         return lambda: L.moe_forward(x, w, s)
 
-    def work(n: int) -> tuple[float, float]:
-        per_expert = 3 * s.hidden * s.expert_width
-        flops = 2.0 * n * (s.top_k * per_expert + 3 * s.hidden * s.shared_width + s.hidden * s.num_experts)
-        nbytes = 2.0 * (expected_experts(n, s) * per_expert + 3 * s.hidden * s.shared_width
-                        + s.hidden * s.num_experts + 2 * n * s.hidden)
-        return flops, nbytes
+    return _token_table(h, "moe", s.moe_weight_bytes, lambda: L.moe_weights(s, h.device), call,
+                        lambda n: moe_work(s, n))
 
-    return _token_table(h, "moe", s.moe_weight_bytes, lambda: L.moe_weights(s, h.device), call, work)
+
+def moe_work(s: LayerShapes, n: int) -> tuple[float, float]:
+    """flops and minimum bytes of the MoE on n tokens: the experts they touch read once."""
+    per_expert = 3 * s.hidden * s.expert_width
+    flops = 2.0 * n * (s.top_k * per_expert + 3 * s.hidden * s.shared_width + s.hidden * s.num_experts)
+    nbytes = 2.0 * (expected_experts(n, s) * per_expert + 3 * s.hidden * s.shared_width
+                    + s.hidden * s.num_experts + 2 * n * s.hidden)
+    return flops, nbytes
+
+
+def decode_work(s: LayerShapes, b: int, p: int, ctx: int) -> tuple[float, float]:
+    """flops and minimum bytes of B x P queries over ctx + P keys each: the KV read once, q and out."""
+    keys = ctx + p
+    return (4.0 * b * p * keys * s.q_heads * s.head_dim,
+            b * keys * s.kv_bytes_per_token + 2 * 2 * b * p * s.q_heads * s.head_dim)
+
+
+def prefill_work(s: LayerShapes, n: int, ctx: int) -> tuple[float, float]:
+    """flops (causal: half the chunk's own square) and minimum bytes of an n-token chunk after ctx."""
+    return (4.0 * s.q_heads * s.head_dim * n * (ctx + n / 2),
+            (ctx + n) * s.kv_bytes_per_token + 2 * 2 * n * s.q_heads * s.head_dim)
 
 
 def lm_head_table(h: Harness) -> list[dict]:
@@ -150,84 +173,118 @@ def mtp_fc_table(h: Harness) -> list[dict]:
                         lambda n: _gemm_work(n, 2 * s.hidden, s.hidden // s.tp))
 
 
-class KVPool:
-    """One flat random bf16 buffer carved into per-call K/V views (so big caches are allocated once)."""
+def kv_block_tokens(s: LayerShapes) -> int:
+    """vLLM's attention block for the model: enlarged to the GDN page (sim/budget.block_layout).
 
-    def __init__(self, h: Harness, elements: int) -> None:
-        self.buf = torch.empty(elements, dtype=L.BF16, device=h.device).normal_()
+    Models without a config file (the tests' tiny ones) get vLLM's default 16 tokens."""
+    from sim.budget import block_layout  # the simulator's geometry; calibrate sits above sim
+
+    if s.model not in model_names():
+        return 16
+    model = load_model(s.model)
+    return block_layout(model, make_policy(model, load_policy("store_all")), 1 << 40).attn_block_tokens
+
+
+class PagedKV:
+    """One random bf16 paged pool per table; each call's requests get fresh blocks, taken in turn
+    (so back-to-back calls in a graph touch disjoint blocks and the L2 stays cold) and shuffled
+    into the block tables, as a long-running pool scatters a request's blocks."""
+
+    def __init__(self, h: Harness, batches: list[tuple[int, int]]) -> None:
+        """batches: (requests, keys per request) of every call the pool must hold at once."""
+        s = h.shapes
+        self.block = kv_block_tokens(s)
+        block_bytes = self.block * s.kv_bytes_per_token
+        largest = max(b * -(-keys // self.block) for b, keys in batches)
+        self.num_blocks = max(largest, -(-h.rotate_bytes // block_bytes))
+        shape = (self.num_blocks, self.block, s.kv_heads, s.head_dim)
+        self.k = torch.empty(shape, dtype=L.BF16, device=h.device).normal_()
+        self.v = torch.empty(shape, dtype=L.BF16, device=h.device).normal_()
         self.next = 0
+        self.device = h.device
 
-    def take(self, *shape: int) -> torch.Tensor:
-        n = 1
-        for d in shape:
-            n *= d
-        if self.next + n > self.buf.numel():
+    def batch(self, q_len: int, seq_lens: list[int]) -> L.PagedBatch:
+        """B requests of q_len queries each, request b with seq_lens[b] keys (the queries' included)."""
+        need = [-(-n // self.block) for n in seq_lens]
+        if sum(need) > self.num_blocks:
+            raise ValueError(f"PagedKV: {sum(need)} blocks asked of a pool of {self.num_blocks}")
+        if self.next + sum(need) > self.num_blocks:
             self.next = 0
-        t = self.buf[self.next:self.next + n].view(*shape)
-        self.next += n
-        return t
+        ids = self.next + torch.randperm(sum(need), device=self.device, dtype=torch.int32)
+        self.next += sum(need)
+        table = torch.zeros(len(seq_lens), max(need), dtype=torch.int32, device=self.device)
+        for b, row in enumerate(ids.split(need)):
+            table[b, :need[b]] = row
+        B = len(seq_lens)
+        return L.PagedBatch(
+            k_cache=self.k, v_cache=self.v, slot_mapping=torch.empty(0, dtype=torch.int64, device=self.device),
+            block_tables=table, seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=self.device),
+            cu_seqlens_q=torch.arange(B + 1, dtype=torch.int32, device=self.device) * q_len, max_seqlen_q=q_len)
 
-    def kv(self, seqs: int, tokens: int, heads: int, dim: int) -> torch.Tensor:
-        """A cache in vLLM's token-major layout, seen as SDPA's [seqs, heads, tokens, dim]."""
-        return self.take(seqs, tokens, heads, dim).transpose(1, 2)
+
+def core_call(q: torch.Tensor, kv: L.PagedBatch, config: AttnConfig | None = None) -> Callable[[], object]:
+    scale = q.shape[-1] ** -0.5
+    return lambda: paged_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, kv.cu_seqlens_q,
+                                   kv.max_seqlen_q, scale, config=config)
 
 
-def _kv_copies(h: Harness, nbytes: int) -> int:
+def kv_copies(h: Harness, nbytes: int) -> int:
     return max(1, min(ATTN_MAX_COPIES, -(-h.rotate_bytes // max(1, nbytes))))
 
 
-def _attn_pool_elements(h: Harness) -> int:
-    s, g = h.shapes, h.grid
-    per_tok = s.kv_heads * s.head_dim * 2  # K and V elements per token
-    sizes = [b * (c + p) * per_tok for b in g.decode_b for p in g.decode_p for c in g.decode_ctx]
-    sizes += [(c + k) * per_tok for k in g.prefill_chunk for c in g.prefill_ctx]
-    return max(max(sizes), h.rotate_bytes // 2 * 2)
+def host_us(calls: list[Callable[[], object]], device: torch.device) -> float:
+    """Host wall time to issue one call (Python + launches), GPU idle at the start so nothing blocks:
+    the launch cost a CUDA graph removes, reported beside the graph time."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for c in calls:
+        c()
+    dt = time.perf_counter() - t0
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return round(dt * 1e6 / len(calls), 3)
+
+
+def _timed_rows(h: Harness, fns: list[Callable[[], object]], modes: list[str], **row: float) -> list[dict]:
+    fns[0]()  # compile / warm before the host clock
+    launch = host_us(fns, h.device)
+    return [{**h.row(mode, h.time(fns, mode), **row), "host_us": launch} for mode in modes]
 
 
 def attn_decode_table(h: Harness) -> list[dict]:
+    """Paged attention of B requests x P verify queries over ctx cached tokens (+ the P new ones)."""
     s, g = h.shapes, h.grid
-    pool = KVPool(h, _attn_pool_elements(h))
+    pool = PagedKV(h, [(b, c + p) for b in set(g.decode_b) | set(g.decode_b_eager or ()) for p in g.decode_p
+                       for c in g.decode_ctx])
+    h.log(f"  paged pool: {pool.num_blocks} blocks of {pool.block} tokens")
     rows = []
     for b in sorted(set(g.decode_b) | set(g.decode_b_eager or ())):
         modes = [m for m in h.modes if b in g.first_axis(g.decode_b, g.decode_b_eager, m)]
         for p in g.decode_p:
-            q = h.randn(b, s.q_heads, p, s.head_dim)
+            q = h.randn(b * p, s.q_heads, s.head_dim)
             for c in g.decode_ctx:
-                keys = c + p
-                nbytes = b * keys * s.kv_bytes_per_token + 2 * 2 * b * p * s.q_heads * s.head_dim
-                flops = 4.0 * b * p * keys * s.q_heads * s.head_dim
-                fns = []
-                for _ in range(_kv_copies(h, nbytes)):
-                    k, v = pool.kv(b, keys, s.kv_heads, s.head_dim), pool.kv(b, keys, s.kv_heads, s.head_dim)
-                    fns.append(lambda k=k, v=v: L.decode_core(q, k, v))
-                if not rows and h.device.type == "cuda":
-                    h.log(f"  SDPA backend chosen: {torch._fused_sdp_choice(q, k, v, enable_gqa=True)} "
-                          f"(0 math, 1 flash, 2 efficient, 3 cuDNN)")
-                for mode in modes:
-                    rows.append(h.row(mode, h.time(fns, mode), B=b, P=p, ctx=c, tokens=b * p, flops=flops, nbytes=nbytes))
+                flops, nbytes = decode_work(s, b, p, c)
+                fns = [core_call(q, pool.batch(p, [c + p] * b)) for _ in range(kv_copies(h, nbytes))]
+                rows += _timed_rows(h, fns, modes, B=b, P=p, ctx=c, tokens=b * p, flops=flops, nbytes=nbytes)
             h.log(f"  attn_decode B={b} P={p}: " + ", ".join(f"ctx {r['ctx']} {r['mode']} {r['us']:.1f}" for r in rows[-len(modes) * len(g.decode_ctx):]))
     del pool
     return rows
 
 
 def attn_prefill_table(h: Harness) -> list[dict]:
+    """Paged attention of one prefill chunk of n tokens after ctx cached ones (causal over prefix + chunk)."""
     s, g = h.shapes, h.grid
-    pool = KVPool(h, _attn_pool_elements(h))
+    pool = PagedKV(h, [(1, c + n) for n in set(g.prefill_chunk) | set(g.prefill_chunk_eager or ())
+                       for c in g.prefill_ctx])
     rows = []
     for n in sorted(set(g.prefill_chunk) | set(g.prefill_chunk_eager or ())):
         modes = [m for m in h.modes if n in g.first_axis(g.prefill_chunk, g.prefill_chunk_eager, m)]
-        q = h.randn(1, s.q_heads, n, s.head_dim)
+        q = h.randn(n, s.q_heads, s.head_dim)
         for c in g.prefill_ctx:
-            nbytes = (c + n) * s.kv_bytes_per_token + 2 * 2 * n * s.q_heads * s.head_dim
-            flops = 4.0 * s.q_heads * s.head_dim * n * (c + n / 2)
-            fns = []
-            for _ in range(_kv_copies(h, nbytes)):
-                kc, vc = pool.kv(1, n, s.kv_heads, s.head_dim), pool.kv(1, n, s.kv_heads, s.head_dim)
-                kp = pool.kv(1, c, s.kv_heads, s.head_dim) if c else None
-                vp = pool.kv(1, c, s.kv_heads, s.head_dim) if c else None
-                fns.append(lambda kc=kc, vc=vc, kp=kp, vp=vp: L.prefill_core(q, kp, vp, kc, vc))
-            for mode in modes:
-                rows.append(h.row(mode, h.time(fns, mode), B=1, P=n, ctx=c, tokens=n, flops=flops, nbytes=nbytes))
+            flops, nbytes = prefill_work(s, n, c)
+            fns = [core_call(q, pool.batch(n, [c + n])) for _ in range(kv_copies(h, nbytes))]
+            rows += _timed_rows(h, fns, modes, B=1, P=n, ctx=c, tokens=n, flops=flops, nbytes=nbytes)
         h.log(f"  attn_prefill chunk={n}: " + ", ".join(f"ctx {r['ctx']} {r['mode']} {r['us']:.1f}" for r in rows[-len(modes) * len(g.prefill_ctx):]))
     del pool
     return rows

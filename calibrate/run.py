@@ -83,7 +83,7 @@ def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: 
                     done[job] = len(rows)
                 else:
                     rows = M.TABLE_JOBS[job](h)
-                    write_rows(mdir / f"{job}.csv", rows)
+                    write_rows(mdir / f"{job}.csv", rows, M.TABLE_COLUMNS)
                     done[job] = len(rows)
                 log(f"[{job}] done in {time.perf_counter() - tj:.1f} s")
             except Exception as e:  # keep measuring the other jobs; report this one

@@ -68,10 +68,10 @@ def attn_candidates(q_len: int, group: int) -> list[PA.AttnConfig]:
     default = PA.default_config(q_len, group)
     if q_len * group <= 64:
         extra = [C(default.block_m, 32, 4, 2), C(default.block_m, 64, 4, 3), C(default.block_m, 32, 4, 3),
-                 C(default.block_m, 64, 8, 2), C(default.block_m, 64, 4, 2, num_splits=1),
-                 C(default.block_m, 16, 4, 4)]
+                 C(default.block_m, 64, 8, 2), C(default.block_m, 64, 4, 2, num_splits=2),
+                 C(default.block_m, 64, 4, 2, num_splits=1), C(default.block_m, 16, 4, 4)]
     else:
-        extra = [C(128, 64, 8, 2, 1), C(64, 32, 4, 3, 1), C(128, 32, 8, 3, 1), C(64, 64, 8, 2, 1)]
+        extra = [C(128, 64, 8, 2, 1), C(64, 32, 4, 3, 1), C(128, 32, 8, 3, 1), C(64, 64, 4, 2, 1)]
     return [default] + [c for c in extra if c != default]
 
 

@@ -43,7 +43,7 @@ def default_config(max_seqlen_q: int, group: int) -> AttnConfig:
     rows = max_seqlen_q * group
     if rows <= 64:
         return AttnConfig(block_m=max(16, triton.next_power_of_2(rows)), block_n=64, num_warps=4, num_stages=2)
-    return AttnConfig(block_m=64, block_n=64, num_warps=4, num_stages=2, num_splits=1)
+    return AttnConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, num_splits=1)
 
 
 @triton.jit
