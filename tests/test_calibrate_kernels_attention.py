@@ -51,7 +51,9 @@ def test_reshape_and_cache_writes_only_its_slots():
     assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v)
 
 
-def test_block_m_below_group_is_refused():
+@pytest.mark.parametrize("cfg, field", [(PA.AttnConfig(16, 16), "block_m"),
+                                        (PA.AttnConfig(32, 16, num_splits=PA.MAX_SPLITS + 1), "num_splits")])
+def test_bad_config_names_the_field(cfg, field):
     x = paged_inputs([1], [4], 4, 1, 32, 16)
-    with pytest.raises(ValueError, match="block_m"):
-        PA.paged_attention(**x, config=PA.AttnConfig(16, 16))
+    with pytest.raises(ValueError, match=field):
+        PA.paged_attention(**x, config=cfg)

@@ -54,7 +54,8 @@ def default_config(tokens: int) -> MoEConfig:
     return MoEConfig(sorted=True, block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
 
 
-@triton.jit
+# Token and pair counts vary call to call: one compiled variant for all of them.
+@triton.jit(do_not_specialize=["T"])
 def _logits_kernel(x, router, gate, logits, T, H, stride_x, stride_l,
                    E: tl.constexpr, HAS_GATE: tl.constexpr,
                    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):
@@ -77,7 +78,7 @@ def _logits_kernel(x, router, gate, logits, T, H, stride_x, stride_l,
              mask=m_t[:, None] & (m_r | m_g)[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _topk_kernel(logits, ids, weights, counts, T, stride_l,
                  E: tl.constexpr, TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, COUNT: tl.constexpr,
                  BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr, BINS: tl.constexpr):
@@ -119,7 +120,7 @@ def _topk_kernel(logits, ids, weights, counts, T, stride_l,
         tl.atomic_add(counts + o_b, b_hist, mask=o_b < BINS - 1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["max_blocks"])
 def _align_kernel(counts, cursor, block_expert, max_blocks,
                   NE: tl.constexpr, BLOCK_M: tl.constexpr, BINS: tl.constexpr, BLOCK_J: tl.constexpr):
     o_b = tl.arange(0, BINS)
@@ -139,7 +140,7 @@ def _align_kernel(counts, cursor, block_expert, max_blocks,
         tl.store(block_expert + o_j, b_e, mask=o_j < max_blocks)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])
 def _scatter_kernel(ids, cursor, sorted_pair, num_pairs, BLOCK: tl.constexpr):
     o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = o < num_pairs
@@ -173,7 +174,7 @@ def _swizzle(pid, num_m, num_n, GROUP_M: tl.constexpr):
     return first_m + (pid % width) % size_m, (pid % width) // size_m
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "num_m"])
 def _gate_up_kernel(x, w13, shared13, act, sorted_pair, block_expert, ids, num_pairs, num_m, H, I,
                     stride_x, stride_we, stride_act,
                     E: tl.constexpr, NP: tl.constexpr, SORTED: tl.constexpr, GROUP_M: tl.constexpr,
@@ -207,7 +208,7 @@ def _gate_up_kernel(x, w13, shared13, act, sorted_pair, block_expert, ids, num_p
              mask=m_row[:, None] & m_n[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "num_m"])
 def _down_kernel(act, w2, shared2, y, weights, sorted_pair, block_expert, ids, num_pairs, num_m, H, I,
                  stride_act, stride_we, stride_y,
                  E: tl.constexpr, SORTED: tl.constexpr, GROUP_M: tl.constexpr,

@@ -89,11 +89,12 @@ def _find_request(cu_q, pid, B, BLOCK_Q: tl.constexpr):
     return lo - 1
 
 
-@triton.jit
+# Batch sizes and split counts vary call to call: one compiled variant for all of them.
+@triton.jit(do_not_specialize=["B", "num_splits"])
 def _attn_kernel(q, k_cache, v_cache, out, part_o, part_ml, block_tables, seq_lens, cu_q, qk_scale_log2, B, block_size,
-                 stride_qt, stride_qh, stride_ot, stride_oh, stride_ct, stride_ch, stride_bt,
+                 num_splits, stride_qt, stride_qh, stride_ot, stride_oh, stride_ct, stride_ch, stride_bt,
                  GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP
     pid, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b = _find_request(cu_q, pid, B, BLOCK_Q)
@@ -118,7 +119,7 @@ def _attn_kernel(q, k_cache, v_cache, out, part_o, part_ml, block_tables, seq_le
     # Keys up to the last query of this block (causal); with splits, this program's share of tiles.
     kv_end = tl.minimum(seq_len, ctx + tl.minimum(q_len, (local + 1) * BLOCK_Q))
     tiles = tl.cdiv(kv_end, BLOCK_N)
-    per = tl.cdiv(tiles, NUM_SPLITS)
+    per = tl.cdiv(tiles, num_splits)
     t_lo = split * per
     t_hi = tl.minimum(tiles, t_lo + per)
 
@@ -146,7 +147,7 @@ def _attn_kernel(q, k_cache, v_cache, out, part_o, part_ml, block_tables, seq_le
 
     o_row = q0 + tok
     m_out = m_m[:, None] & m_d[None, :]
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         b_o = b_acc / b_l[:, None]
         tl.store(out + o_row[:, None] * stride_ot + head[:, None] * stride_oh + o_d[None, :],
                  b_o.to(out.dtype.element_ty), mask=m_out)
@@ -159,14 +160,14 @@ def _attn_kernel(q, k_cache, v_cache, out, part_o, part_ml, block_tables, seq_le
         tl.store(part_ml + base * 2 + 1, b_l, mask=m_m)
 
 
-@triton.jit
-def _merge_kernel(part_o, part_ml, out, stride_ot, stride_oh, rows_heads, HQ: tl.constexpr, D: tl.constexpr,
-                  BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr):
+@triton.jit(do_not_specialize=["rows_heads", "num_splits"])
+def _merge_kernel(part_o, part_ml, out, stride_ot, stride_oh, rows_heads, num_splits, HQ: tl.constexpr,
+                  D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
     r = tl.program_id(0)  # one (query token, head) row
     t, h = r // HQ, r % HQ
     o_s = tl.arange(0, BLOCK_S)
     o_d = tl.arange(0, BLOCK_D)
-    m_s = o_s < NUM_SPLITS
+    m_s = o_s < num_splits
     base = o_s.to(tl.int64) * rows_heads + r
     b_m = tl.load(part_ml + base * 2, mask=m_s, other=float("-inf"))
     b_l = tl.load(part_ml + base * 2 + 1, mask=m_s, other=0.0)
@@ -211,6 +212,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     cfg = config or default_config(max_seqlen_q, group)
     if cfg.block_m < group:
         raise ValueError(f"paged_attention: block_m {cfg.block_m} < {group} query heads per KV head")
+    if cfg.num_splits is not None and not 1 <= cfg.num_splits <= MAX_SPLITS:
+        raise ValueError(f"paged_attention: num_splits must be in 1..{MAX_SPLITS}, got {cfg.num_splits}")
     if out is None:
         out = torch.empty_like(q)
     if total_q == 0 or B == 0:
@@ -226,12 +229,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         part_o = part_ml = out  # unused
     _attn_kernel[(programs, hkv, splits)](
         q, k_cache, v_cache, out, part_o, part_ml, block_tables, seq_lens, cu_seqlens_q, scale * LOG2E, B, block_size,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(1), k_cache.stride(2),
+        splits, q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
-        GROUP=group, D=d, BLOCK_D=block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_SPLITS=splits,
+        GROUP=group, D=d, BLOCK_D=block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPLIT=splits > 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if splits > 1:
-        _merge_kernel[(total_q * hq,)](part_o, part_ml, out, out.stride(0), out.stride(1), total_q * hq,
-                                       HQ=hq, D=d, BLOCK_D=block_d, NUM_SPLITS=splits,
-                                       BLOCK_S=triton.next_power_of_2(splits))
+        _merge_kernel[(total_q * hq,)](part_o, part_ml, out, out.stride(0), out.stride(1), total_q * hq, splits,
+                                       HQ=hq, D=d, BLOCK_D=block_d, BLOCK_S=MAX_SPLITS)
     return out
