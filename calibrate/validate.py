@@ -65,7 +65,9 @@ def step_errors(mdir: Path, model: ModelConfig, hw: HardwareConfig) -> list[dict
     if not path.exists():
         return []
     out = []
-    engine = EngineConfig()
+    # The stacked check times each op of an eager step with its own launch: the eager-sum pricing's
+    # composition. The step executor's replay checks the pipeline pricing (calibrate/replay.py).
+    engine = EngineConfig(latency_pricing="eager_sum")
     for r in read_rows(path, STEP_COLUMNS):
         b, p, ctx = int(r["B"]), int(r["P"]), int(r["ctx"])
         cfg = load_policy("store_all", {"draft_tree_widths": [1] * max(1, p - 1)})

@@ -209,6 +209,9 @@ class EngineConfig(_Strict):
     admission: Literal["full_prompt", "first_chunk"] = "full_prompt"  # vLLM 0.33 / older
     allocator: Literal["paged", "ideal"] = "paged"
     step_overhead_us: float | None = Field(None, ge=0)  # None: calibrated or the analytic default
+    # Step time: "pipeline" = GPU-time tables + host launch costs as a two-resource pipeline
+    # (sim.host_model); "eager_sum" = the old sum of eager table rows (kept to compare).
+    latency_pricing: Literal["pipeline", "eager_sum"] = "pipeline"
     activation_peak_mib: float | None = Field(None, ge=0)  # None: calibrated or analytic
     # vLLM engine semantics (the memory and engine-semantics issues set the defaults to current vLLM's).
     kv_cache_dtype: Literal["bf16", "fp8"] = "bf16"

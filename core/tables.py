@@ -14,6 +14,7 @@ MODES = ("graph", "eager")
 COLUMNS = ("mode", "B", "P", "ctx", "tokens", "us", "us_p10", "us_p90", "reps", "copies",
            "flops", "bytes", "pct_bw", "pct_flops")
 STEP_COLUMNS = ("mode", "B", "P", "ctx", "kernel", "step_us", "host_step_us", "kernel_us", "reps")
+SEQS_COLUMNS = (*COLUMNS, "seqs")  # tables with a `seqs` axis (gdn_prefill_varlen)
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,26 @@ TABLES: dict[str, TableSpec] = {
     "lm_head": TableSpec(("tokens",), ("log",), "final norm, LM head and greedy sampling over `tokens` rows"),
     "gdn_prefill": TableSpec(("tokens",), ("log",), "GDN prefill recurrence of one `tokens` chunk: fla's chunk_gated_delta_rule as vLLM calls it", required=False),
     "mtp_fc": TableSpec(("tokens",), ("log",), "MTP drafter input: two norms, concat, fc (the rest of the MTP layer is an attention layer + MoE)"),
+    "gdn_prefill_varlen": TableSpec(("tokens", "seqs"), ("log", "log"), "GDN prefill of one step: ONE varlen conv + fla chunk call over `tokens` prompt tokens of `seqs` sequences (cu_seqlens), as vLLM makes it per layer", required=False),
+}
+
+# Host time to ISSUE one op with the GPU kept busy (Python + launch, not GPU time), measured
+# by the step executor: results/calibration/<gpu>/<model>/host.csv, one row per (op, n).
+HOST_COLUMNS = ("op", "n", "us", "us_p10", "us_p90", "reps")
+HOST_OPS: dict[str, str] = {
+    "step_prepare": "requests: input/metadata prep and host-to-device copies before the first launch",
+    "step_finish": "requests: sampled tokens to the host and bookkeeping after the GPU is done",
+    "full_graph": "padded tokens: one full-graph replay",
+    "piece_graph": "padded tokens: one piecewise graph piece replay",
+    "attn_core": "requests: one eager paged-attention call incl. its KV write",
+    "gdn_prefill": "sequences: one varlen conv + fla chunk call",
+    "gdn_verify": "requests: conv update + the policy's verify kernel",
+    "gdn_commit": "requests: the policy's commit",
+    "eager_dense_gdn": "tokens: the dense parts of one GDN layer launched eagerly (above the largest capture size)",
+    "eager_dense_attn": "tokens: the dense parts of one attention layer launched eagerly",
+    "eager_moe": "tokens: one MoE block launched eagerly",
+    "drafter_pass": "tokens: one MTP drafter pass with its LM head",
+    "sample": "rows: LM head, greedy sampling and acceptance launches after the target forward",
 }
 
 

@@ -123,9 +123,13 @@ class Engine:
             # A 1-token step at the end of the known tokens decodes; anything else is a prompt chunk.
             decoding = spec or (n == 1 and req.computed + 1 == req.num_tokens)
             reqs.append((n, req.computed, decoding, spec, replayed, flush))
-            if trace:  # accepted: the engine reports a verify's count when it completes (StepLog.accepted)
-                traced.append(TracedRequest(req.rid, 0 if decoding else n, req.computed, widths if spec else (),
-                                            1 if decoding and not spec else 0, replayed, flush))
+            if trace:
+                # A chain truncated to the token budget verifies its first n - 1 drafts. A verify's
+                # accepted count is reported when it completes (StepLog.accepted); one whose outputs
+                # are discarded (async: its request already finished) keeps the bonus token's 1.
+                tree = (widths if n == vp else widths[:n - 1]) if spec else ()
+                traced.append(TracedRequest(req.rid, 0 if decoding else n, req.computed, tree,
+                                            1 if decoding else 0, replayed, flush))
         return assemble_batch(reqs, verify_positions=vp, draft_depth=self.draft_depth if self.spec_enabled else 0,
                               sizes=capture_sizes(sched.max_seqs, sched.max_tokens, vp),
                               full_graph_ok=not self.tree_forces_eager, requests=tuple(traced))

@@ -8,10 +8,7 @@ the summary can say where each term came from (`calibrated`, `analytic`, `derive
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
-
-if TYPE_CHECKING:
-    from sim.step_trace import TracedRequest
+from typing import Any, Protocol
 
 # Term names, in the order they are summed. Every LatencyModel returns all of them.
 TERMS: tuple[str, ...] = (
@@ -43,14 +40,15 @@ class StepBatch:
     replay_tokens: int = 0  # replay: cached accepted tokens replayed before the tree, all seqs
     flush_seqs: int = 0  # replay: requests whose commit writes the state back this step
     draft_depth: int = 0  # K drafter passes (0: no speculation this step)
+    truncated: int = 0  # verify positions cut from speculating requests' chains when the token budget was short
     # How vLLM dispatches the step (sim.dispatch); "" when a batch is built by hand.
     kind: str = ""  # sim.dispatch.STEP_KINDS
     mode: str = ""  # "full", "piecewise" or "eager"; "" = piecewise if `eager` else full
     padded_tokens: int = 0  # tokens the graphs run at (the capture size); 0 = num_tokens
     prefill_chunks: tuple[tuple[int, int], ...] = ()  # (chunk tokens, context) per prefilling request
-    # Per-request detail (sim.step_trace.TracedRequest) where it is kept: traced runs and
-    # replayed steps. Latency models do not read it; everything they price is above.
-    requests: tuple[TracedRequest, ...] = ()
+    # Per-request detail (sim.step_trace.TracedRequest, untyped here: that module builds on this
+    # one) where it is kept: traced runs and replayed steps. Latency models do not read it.
+    requests: tuple[Any, ...] = ()
 
     @property
     def graph_mode(self) -> str:
@@ -71,7 +69,7 @@ class StepBatch:
 
     @property
     def decode_tokens(self) -> int:
-        return self.spec_seqs * self.verify_positions + (self.decode_seqs - self.spec_seqs)
+        return self.spec_seqs * self.verify_positions + (self.decode_seqs - self.spec_seqs) - self.truncated
 
     @property
     def num_tokens(self) -> int:

@@ -1,6 +1,27 @@
 """Step latency from the GPU calibration tables (`results/calibration/<gpu>/<model>/`).
 
-A step is priced as the sum of its measured parts, per GPU:
+Two pricings (`engine.latency_pricing`):
+
+pipeline (default): every op is priced by its GPU time from the graph-mode tables at
+the token counts the step really has (dense parts at the padded capture size), and
+the host is a model of its own (sim.host_model): the ops are issued in vLLM's order
+for the step's dispatch mode (sim.dispatch) and run as a two-resource pipeline.
+  FULL       step_prepare, one full-graph replay (every target layer), sampling, the
+             drafter passes, step_finish;
+  PIECEWISE  per layer a graph piece (its dense part and MoE) then its eager core:
+             attention = one paged-attention call over all requests (decode contexts,
+             each prefill chunk with its own context); GDN = the verify call and the
+             commit for the decoding requests, ONE varlen prefill call for all prefill
+             sequences (`gdn_prefill_varlen` [tokens, seqs] where measured, else the
+             one-sequence `gdn_prefill` curve at the chunk-rounded token total);
+  EAGER      as PIECEWISE with the dense parts launched eagerly (above the largest
+             capture size).
+The drafter runs K passes whenever the step drafts: the first over all target
+tokens, then one over R x width tokens per depth (vLLM drafts for every request).
+Terms are GPU times; `overhead` is what the host adds on top (step_prepare,
+step_finish and launch stalls), so the terms still sum to the step time.
+
+eager_sum (the old pricing, kept to compare): the sum of the measured parts below.
   gdn        = GDN layers x gdn(tokens)
   gdn_verify = GDN layers x the policy's verify kernel at (decoding requests, tree)
                [kernels.csv], plus prefill requests x gdn_prefill(chunk): fla's
@@ -28,6 +49,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +57,7 @@ from core.config import REPO_ROOT, EngineConfig, HardwareConfig, ModelConfig, Po
 from core.interp import Curve1D, GridInterpolator, from_rows
 from core.tables import STEP_COLUMNS, TABLES, TableError, read_rows
 from policies import CommitPolicy, make_policy
+from sim.host_model import HostCosts, pipeline
 from sim.latency import TERMS, LatencyModel, LatencySources, StepBatch, StepTime
 from sim.latency_analytic import GDN_FLOPS_PER_STATE_ELEMENT
 
@@ -43,6 +66,9 @@ KERNEL_COLUMNS = ("model", "policy", "B", "T", "verify_us", "commit_us", "mode")
 REPLAY_COLUMNS = ("replay_tokens", "replayed_tokens", "cached_tokens")  # the kernels bench's name for it
 US = 1e-6
 STEP_MEMO = 200_000  # distinct batch shapes whose context-free part is kept
+FLA_CHUNK = 64  # tokens: fla's chunk size; a varlen call runs each sequence in whole chunks
+PRICINGS = ("pipeline", "eager_sum")
+STATE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # kernels.csv `state_dtype`
 
 
 def _tree_key(text: Any) -> tuple[int, ...] | None:
@@ -53,9 +79,15 @@ def _tree_key(text: Any) -> tuple[int, ...] | None:
 class CalibratedLatencyModel:
     def __init__(self, model: ModelConfig, hw: HardwareConfig, policy: CommitPolicy, engine_cfg: EngineConfig,
                  tables: dict[tuple[str, str], GridInterpolator], kernels: dict[str, Any],
-                 overhead_us: float | None, fallback: LatencyModel | None, piecewise: bool = True) -> None:
+                 overhead_us: float | None, fallback: LatencyModel | None, piecewise: bool = True,
+                 host: HostCosts | None = None) -> None:
         self.model, self.hw, self.policy, self.fallback = model, hw, policy, fallback
         self.piecewise = piecewise
+        self.pricing = engine_cfg.latency_pricing
+        if self.pricing not in PRICINGS:
+            raise ValueError(f"engine.latency_pricing must be one of {', '.join(PRICINGS)}, got {self.pricing!r}")
+        self.async_scheduling = engine_cfg.async_scheduling
+        self.layer_kinds = tuple(model.layer_pattern) * (model.num_layers // len(model.layer_pattern))
         self.tables = tables
         self.kernels = kernels
         self.tp = model.tensor_parallel
@@ -91,6 +123,13 @@ class CalibratedLatencyModel:
         elif hw.derived:
             overhead_us *= self.scale.get("overhead", 1.0)
         self.overhead_us = overhead_us
+        if self.pricing == "pipeline":
+            # prepare + finish: engine.step_overhead_us, else the whole-step check's host time.
+            self.host = host or HostCosts({}, overhead_us, self.scale["overhead"] if hw.derived else 1.0,
+                                          step_source=src["overhead"])
+            src["overhead"] = self.host.source
+            if "gdn_prefill_varlen" in {k[0] for k in tables}:
+                src["gdn_verify"] = cal if "verify" in kernels else "mixed"
         if any(v == "analytic" for v in src.values()) and fallback is None:
             missing = [t for t, v in src.items() if v == "analytic" and t != "allreduce"]
             if missing:
@@ -99,6 +138,7 @@ class CalibratedLatencyModel:
         # One-axis tables as fast memoised curves; the others slice to curves per call.
         self.curves = {k: g.partial() for k, g in tables.items() if len(g.axes) == 1}
         self._steps: dict[tuple, tuple] = {}
+        self._shapes: dict[tuple, tuple] = {}
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -120,7 +160,14 @@ class CalibratedLatencyModel:
             policy = make_policy(model, policy)
         tables = load_tables(mdir, extrapolate=extrapolate)
         kernels = load_kernels(root / "kernels.csv", model, policy, extrapolate=extrapolate)
-        return cls(model, hw, policy, engine_cfg, tables, kernels, load_overhead(mdir), fallback, piecewise)
+        overhead = load_overhead(mdir)
+        host = None
+        if engine_cfg.latency_pricing == "pipeline":
+            step_us, step_source = ((engine_cfg.step_overhead_us, "config") if engine_cfg.step_overhead_us is not None
+                                    else (overhead, "calibrated" if overhead is not None else "analytic"))
+            host = HostCosts.load(mdir / "host.csv", step_us, _derived_scale(hw, "overhead"), step_source,
+                                  extrapolate=extrapolate)
+        return cls(model, hw, policy, engine_cfg, tables, kernels, overhead, fallback, piecewise, host)
 
     # ------------------------------------------------------------------ helpers
     def _t(self, table: str, mode: str, x: float) -> float:
@@ -174,6 +221,11 @@ class CalibratedLatencyModel:
 
     # ------------------------------------------------------------------ the step
     def step_time(self, b: StepBatch) -> StepTime:
+        if self.pricing == "pipeline":
+            return self._pipeline(b)
+        return self._eager_sum(b)
+
+    def _eager_sum(self, b: StepBatch) -> StepTime:
         # Everything but the attention core depends on integer batch fields only, so that
         # part is built once per distinct shape; the core is a curve in the mean context.
         key = (b.eager, b.num_seqs, b.prefill_tokens, b.prefill_seqs, b.decode_seqs, b.spec_seqs,
@@ -284,6 +336,143 @@ class CalibratedLatencyModel:
         return t
 
 
+    # ------------------------------------------------------------ pipeline pricing
+    def _pipeline(self, b: StepBatch) -> StepTime:
+        # The attention cores depend on the contexts; everything else on the batch shape,
+        # so that part (terms and the op list) is built once per distinct shape.
+        key = (b.graph_mode, b.num_tokens, b.padded_tokens, b.num_seqs, b.decode_seqs, b.spec_seqs,
+               b.verify_positions, b.truncated, b.prefill_tokens, tuple(t for t, _ in b.chunks), b.replay_tokens,
+               b.flush_seqs, b.draft_depth)
+        built = self._shapes.get(key)
+        if built is None:
+            built = self._pipeline_shape(b)
+            if len(self._shapes) < STEP_MEMO:
+                self._shapes[key] = built
+        fixed, ops, widths, prepare, finish = built
+        # Core 0: the target's (and the first drafter pass's) attention core; then one per later pass.
+        cores = [self._attention_core_us(b, b.decode_seqs, b.decode_tokens, b.chunks)]
+        cores += [self._attention_core_us(b, b.num_seqs, b.num_seqs * w, ()) for w in widths]
+        us = dict(fixed)
+        us["attention"] += self.model.attn_layers * cores[0]
+        if b.draft_depth:
+            us["drafter"] += sum(cores)
+        total = pipeline([(h, gpu + cores[c]) if c >= 0 else (h, gpu) for h, gpu, c in ops], prepare, finish,
+                         self.async_scheduling)
+        us["overhead"] = max(0.0, total - sum(us.values()))
+        return StepTime({t: us[t] * US for t in TERMS}, b.graph_mode)
+
+    def _pipeline_shape(self, b: StepBatch) -> tuple[dict[str, float], list[tuple[float, float, int]],
+                                                       tuple[int, ...], float, float]:
+        """Context-free GPU us per term; the ops as (host us, GPU us, index of the attention core it
+        adds, or -1); the drafter's later-pass widths; step_prepare and step_finish us."""
+        m, host, g = self.model, self.host, "graph"
+        mode = b.graph_mode
+        n, R, B, P = b.num_tokens, b.num_seqs, b.decode_seqs, b.prefill_seqs
+        N = n if mode == "eager" else b.run_tokens  # graphs run at the padded size
+        gdn_dense, attn_dense, moe = self._tok("gdn", g, N), self._tok("attn_proj", g, N), self._moe(g, N)
+        ar = 2 * self._allreduce(N) / US
+        verify, commit = self._gdn_decode_us(b)
+        prefill = self._gdn_prefill_us(b)
+        rows = b.decode_tokens + P  # logits rows: every verify position, each prefill's last token
+        lm = self._tok("lm_head", g, rows)
+        passes, widths = self._drafter_passes(b, N)
+
+        us = dict.fromkeys(TERMS, 0.0)
+        us["gdn"] = m.gdn_layers * gdn_dense
+        us["gdn_verify"] = m.gdn_layers * (verify + prefill)
+        us["gdn_commit"] = m.gdn_layers * commit
+        us["attention"] = m.attn_layers * attn_dense  # + the cores, per step
+        us["moe"] = m.num_layers * moe
+        us["lm_head"] = lm
+        us["allreduce"] = m.num_layers * ar + sum(2 * self._allreduce(t) / US for t, _ in passes)
+        us["drafter"] = sum(gpu for _, gpu in passes)  # + the cores, per step
+
+        ops: list[tuple[float, float, int]] = []
+        if mode == "full":
+            target = sum(us[t] for t in ("gdn", "gdn_verify", "gdn_commit", "attention", "moe")) + m.num_layers * ar
+            ops.append((host.us("full_graph", N), target, -1))
+            ops += [(0.0, 0.0, 0)] * m.attn_layers  # the graph's attention cores: GPU time only
+        else:
+            core = {"attn": [(host.us("attn_core", R), 0.0, 0)], "gdn": []}
+            if B:
+                core["gdn"].append((host.us("gdn_verify", B), verify, -1))
+                if not self.policy.commit_is_index_update():
+                    core["gdn"].append((host.us("gdn_commit", B), commit, -1))
+            if P:
+                core["gdn"].append((host.us("gdn_prefill", P), prefill, -1))
+            dense = {"gdn": gdn_dense, "attn": attn_dense}
+            if mode == "piecewise":
+                piece = host.us("piece_graph", N)
+                for kind in self.layer_kinds:
+                    ops.append((piece, dense[kind] + moe + ar, -1))
+                    ops += core[kind]
+                ops.append((piece, 0.0, -1))  # final norm: the last piece
+            else:
+                issue = {"gdn": host.us("eager_dense_gdn", n), "attn": host.us("eager_dense_attn", n)}
+                moe_issue = host.us("eager_moe", n)
+                for kind in self.layer_kinds:
+                    ops.append((issue[kind], dense[kind] + ar / 2, -1))
+                    ops += core[kind]
+                    ops.append((moe_issue, moe + ar / 2, -1))
+        ops.append((host.us("sample", rows), lm, -1))
+        ops += [(host.us("drafter_pass", t), gpu + 2 * self._allreduce(t) / US, i) for i, (t, gpu) in enumerate(passes)]
+        return us, ops, widths, host.us("step_prepare", R), host.us("step_finish", R)
+
+    def _attention_core_us(self, b: StepBatch, seqs: int, dec_tokens: int,
+                           chunks: tuple[tuple[int, int], ...]) -> float:
+        """One attention core over the decoding requests (at their mean context) and each prefill chunk."""
+        t = 0.0
+        if seqs:
+            ctx = (b.context_tokens - sum(c for _, c in chunks)) / seqs
+            per_seq = dec_tokens / seqs
+            t += self._f(per_seq * self.q_per_kv) * self.tables[("attn_decode", "graph")].partial(seqs, per_seq)(ctx)
+        prefill = self.tables[("attn_prefill", "graph")]
+        for tokens, ctx in chunks:
+            t += self._f(tokens) * prefill(tokens, ctx)
+        return t
+
+    def _gdn_decode_us(self, b: StepBatch) -> tuple[float, float]:
+        """(verify, commit) GPU time of one GDN layer for the decoding requests."""
+        if not b.decode_seqs:
+            return 0.0, 0.0
+        out = []
+        for term, which, price in (("gdn_verify", "verify", self._verify_us), ("gdn_commit", "commit", self._commit_us)):
+            if which in self.kernels:
+                out.append(self._f(0.0) * price("graph", b))
+            else:  # the roofline of the decode part alone
+                dec = replace(b, prefill_tokens=0, prefill_seqs=0, num_seqs=b.decode_seqs, prefill_chunks=())
+                out.append(self.fallback.step_time(dec).terms[term] / US / self.model.gdn_layers)
+        return out[0], out[1]
+
+    def _gdn_prefill_us(self, b: StepBatch) -> float:
+        """GPU time of one GDN layer's ONE varlen prefill call over all prefill sequences."""
+        if not b.prefill_seqs:
+            return 0.0
+        varlen = self.tables.get(("gdn_prefill_varlen", "graph"))
+        if varlen is not None:
+            return self._f(0.0) * varlen(b.prefill_tokens, b.prefill_seqs)
+        if ("gdn_prefill", "graph") in self.curves:
+            chunked = sum(-(-t // FLA_CHUNK) * FLA_CHUNK for t, _ in b.chunks)
+            return self._f(0.0) * self._t("gdn_prefill", "graph", chunked)
+        return self._analytic_prefill_recurrence_s(b.prefill_tokens) / US / self.model.gdn_layers
+
+    def _drafter_passes(self, b: StepBatch, tokens: int) -> tuple[list[tuple[int, float]], tuple[int, ...]]:
+        """(tokens, GPU us without the attention core) of each MTP pass: all target tokens first,
+        then R x width per depth; and the widths of the later passes (their cores are per step)."""
+        if not b.draft_depth:
+            return [], ()
+        g = "graph"
+
+        def one(t: int, rows: int) -> float:
+            return (self._tok("mtp_fc", g, t) + self._tok("attn_proj", g, t) + self._moe(g, t)
+                    + self._tok("lm_head", g, rows))
+
+        widths = tuple(self.nodes_per_depth[min(d, len(self.nodes_per_depth)) - 1] for d in range(1, b.draft_depth))
+        passes = [(tokens, one(tokens, b.num_seqs))]
+        passes += [(b.num_seqs * w, one(b.num_seqs * w, b.num_seqs * w)) for w in widths]
+        return passes, widths
+
+
 # ---------------------------------------------------------------------- loaders
 def load_tables(mdir: Path, *, extrapolate: bool = True) -> dict[tuple[str, str], GridInterpolator]:
     """Every layer table in TABLES, both modes; a missing required or partial table is an error."""
@@ -304,6 +493,10 @@ def load_tables(mdir: Path, *, extrapolate: bool = True) -> dict[tuple[str, str]
             except ValueError as e:
                 raise TableError(f"{mdir / name}.csv: {e}") from None
     return out
+
+
+def _derived_scale(hw: HardwareConfig, kind: str) -> float:
+    return float(hw.scaling[kind]) if hw.derived else 1.0
 
 
 def load_overhead(mdir: Path) -> float | None:
@@ -380,7 +573,9 @@ def _nodes(widths: tuple[int, ...]) -> list[int]:
 def load_kernels(path: Path, model: ModelConfig, policy: CommitPolicy, *, extrapolate: bool = True) -> dict[str, Any]:
     """The policy's verify/commit curves over B for its tree, from the kernels bench.
 
-    Returns {} when kernels.csv is absent. Keys, where measured: 'verify' and 'commit'
+    Rows are the model's and, where kernels.csv has a `state_dtype` column, its SSM-state
+    dtype's; the policy's rows are found by its kernel name (e.g. reconstruct_deferred).
+    Returns {} when kernels.csv is absent or has no such rows. Keys, where measured: 'verify' and 'commit'
     (mode -> curve over B, microseconds per GDN layer; replay's commit with a flush),
     'replay' ((most replayed tokens measured, verify curves at that count)) and
     'append' (replay's commit without a flush).
@@ -388,6 +583,10 @@ def load_kernels(path: Path, model: ModelConfig, policy: CommitPolicy, *, extrap
     if not path.exists():
         return {}
     rows = [r for r in read_rows(path, KERNEL_COLUMNS) if r["model"] == model.name]
+    if rows and "state_dtype" in rows[0]:
+        # Kernels benched at the model's SSM-state dtype only (fp32 states move twice the bytes);
+        # a table without the column predates it: bf16 states.
+        rows = [r for r in rows if STATE_DTYPE_BYTES.get(str(r["state_dtype"])) == model.state_dtype_bytes]
     if not rows:
         return {}
     rep = next((c for c in REPLAY_COLUMNS if c in rows[0]), None)

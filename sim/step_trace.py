@@ -87,7 +87,7 @@ def assemble_batch(reqs: Iterable[ScheduledRequest], *, verify_positions: int, d
                    requests: tuple[TracedRequest, ...] = ()) -> StepBatch:
     """The StepBatch of one step's scheduled requests, dispatched by vLLM's rules
     (`requests`: the same requests in detail, kept in the batch when tracing)."""
-    prefill_tokens = prefill_seqs = decode_seqs = spec_seqs = replay_tokens = flush_seqs = 0
+    prefill_tokens = prefill_seqs = decode_seqs = spec_seqs = replay_tokens = flush_seqs = truncated = 0
     context_tokens = max_context = 0
     chunks: list[tuple[int, int]] = []
     query_lens: list[int] = []
@@ -106,6 +106,7 @@ def assemble_batch(reqs: Iterable[ScheduledRequest], *, verify_positions: int, d
         decode_seqs += 1
         if spec:
             spec_seqs += 1
+            truncated += verify_positions - n
             replay_tokens += replayed
             flush_seqs += flush
     d = dispatch(query_lens, decoding, verify_positions if draft_depth else 1, sizes, full_graph_ok)
@@ -113,7 +114,7 @@ def assemble_batch(reqs: Iterable[ScheduledRequest], *, verify_positions: int, d
         num_seqs=len(query_lens), prefill_tokens=prefill_tokens, prefill_seqs=prefill_seqs, decode_seqs=decode_seqs,
         spec_seqs=spec_seqs, verify_positions=verify_positions, context_tokens=context_tokens,
         max_context=max_context, eager=d.mode != "full", replay_tokens=replay_tokens, flush_seqs=flush_seqs,
-        draft_depth=draft_depth, kind=d.kind, mode=d.mode, padded_tokens=d.padded_tokens,
+        draft_depth=draft_depth, truncated=truncated, kind=d.kind, mode=d.mode, padded_tokens=d.padded_tokens,
         prefill_chunks=tuple(chunks), requests=requests,
     )
 

@@ -1,15 +1,18 @@
-"""CalibratedLatencyModel on synthetic tables with known answers."""
+"""CalibratedLatencyModel on synthetic tables with known answers: the pipeline pricing (GPU-time
+tables + host model) and the old eager-sum pricing."""
 import csv
 import time
 
 import pytest
 
 from core.config import EngineConfig, load_hardware, load_model, load_policy
-from core.tables import COLUMNS, STEP_COLUMNS, TABLES, TableError
+from core.tables import COLUMNS, HOST_COLUMNS, HOST_OPS, SEQS_COLUMNS, STEP_COLUMNS, TABLES, TableError
 from policies import make_policy
 from sim.latency import TERMS, StepBatch
 from sim.latency_analytic import AnalyticLatencyModel
 from sim.latency_calibrated import CalibratedLatencyModel
+from sim.dispatch import capture_sizes
+from sim.step_trace import assemble_batch
 
 MODEL = "qwen3.5-35b-a3b"
 AXES = {"tokens": (1, 4, 16, 64, 256, 1024, 4096, 16384), "B": (1, 4, 16, 64, 256, 512), "P": (1, 4, 16, 64),
@@ -24,6 +27,8 @@ def known(table, r):
         return 4.0 + 0.01 * r["B"] * r["P"] + 1e-4 * r["B"] * r["ctx"]
     if table == "attn_prefill":
         return 8.0 + 1e-3 * r["tokens"] + 1e-6 * r["tokens"] * r["ctx"]
+    if table == "gdn_prefill_varlen":
+        return 35.0 + 0.01 * r["tokens"] + 2.0 * r["seqs"]
     return {"gdn": 20.0, "attn_proj": 15.0, "moe": 300.0, "lm_head": 250.0, "mtp_fc": 6.0,
             "gdn_prefill": 30.0}[table] + 0.01 * r["tokens"]
 
@@ -45,6 +50,8 @@ def make_tables(root, kernels=True, steps=True, skip=()):
             points = [{"tokens": n, "ctx": c} for n in AXES["tokens"] for c in PREFILL_CTX]
         elif spec.axes == ("B", "P", "ctx"):
             points = [{"B": b, "P": p, "ctx": c} for b in AXES["B"] for p in AXES["P"] for c in AXES["ctx"]]
+        elif spec.axes == ("tokens", "seqs"):
+            points = [{"tokens": n, "seqs": q} for n in AXES["tokens"] for q in (1, 4, 16)]
         else:
             points = [{"tokens": n} for n in AXES["tokens"]]
         rows = []
@@ -53,7 +60,7 @@ def make_tables(root, kernels=True, steps=True, skip=()):
                 r = {c: 0 for c in COLUMNS} | {"B": 1, "P": 1, "ctx": 0} | pt
                 r["tokens"] = pt.get("tokens", r["B"] * r["P"])
                 rows.append(r | {"mode": mode, "us": k * known(name, r)})
-        write_csv(mdir / f"{name}.csv", rows, COLUMNS)
+        write_csv(mdir / f"{name}.csv", rows, SEQS_COLUMNS if "seqs" in spec.axes else COLUMNS)
     if kernels:
         cols = ("model", "policy", "B", "T", "tree", "verify_us", "commit_us", "total_us", "mode")
         write_csv(root / "kernels.csv", [
@@ -68,11 +75,11 @@ def make_tables(root, kernels=True, steps=True, skip=()):
     return root
 
 
-def load(root, hw="h200", policy="store_all", fallback=True, **engine):
+def load(root, hw="h200", policy="store_all", fallback=True, pricing="eager_sum", **engine):
     m = load_model(MODEL)
     h = load_hardware(hw).model_copy(update={"calibration_dir": str(root)})
     pol = make_policy(m, load_policy(policy))
-    eng = EngineConfig(**engine)
+    eng = EngineConfig(latency_pricing=pricing, **engine)
     fb = AnalyticLatencyModel(m, h, pol, eng) if fallback else None
     return CalibratedLatencyModel.load(m, h, pol, eng, fallback=fb)
 
@@ -141,7 +148,8 @@ def test_eager_steps_are_piecewise_or_fully_eager(tmp_path):
     assert e.terms["moe"] == pytest.approx(g.terms["moe"]) and e.terms["gdn"] == pytest.approx(g.terms["gdn"])
     assert e.terms["attention"] - g.terms["attention"] == pytest.approx(
         10 * (EAGER - 1) * known("attn_decode", {"B": 16, "P": 4, "ctx": 4096}) * 1e-6)
-    full = CalibratedLatencyModel.load(lm.model, lm.hw, lm.policy, EngineConfig(), lm.fallback, piecewise=False)
+    full = CalibratedLatencyModel.load(lm.model, lm.hw, lm.policy, EngineConfig(latency_pricing="eager_sum"),
+                                       lm.fallback, piecewise=False)
     f = full.step_time(decode(16, eager=True))
     assert f.terms["moe"] == pytest.approx(EAGER * g.terms["moe"])
     assert e.terms["overhead"] == g.terms["overhead"] == pytest.approx(50e-6)  # graph rows only
@@ -205,7 +213,8 @@ def test_tensor_parallel_adds_modelled_allreduce(tmp_path):
     m = load_model("qwen3.5-397b-a17b")
     h = load_hardware("h200").model_copy(update={"calibration_dir": str(root)})
     pol = make_policy(m, load_policy("store_all"))
-    lm = CalibratedLatencyModel.load(m, h, pol, EngineConfig(), fallback=AnalyticLatencyModel(m, h, pol, EngineConfig()))
+    eng = EngineConfig(latency_pricing="eager_sum")
+    lm = CalibratedLatencyModel.load(m, h, pol, eng, fallback=AnalyticLatencyModel(m, h, pol, eng))
     assert lm.sources.by_term["allreduce"] == "analytic"
     t = lm.step_time(decode(64)).terms["allreduce"]
     ring = 2 * 7
@@ -243,3 +252,149 @@ def test_unmeasured_chain_length_is_interpolated_between_measured_chains(tmp_pat
     verify = lm.kernels["verify"]["graph"]
     # log-log halfway between T = 2 and T = 8: the geometric mean, 20 us per request.
     assert verify(8) == pytest.approx(20.0 * 8)
+
+
+# ------------------------------------------------------------- pipeline pricing
+LAYERS, GDN_LAYERS, ATTN_LAYERS = 40, 30, 10
+
+
+def k(name, **r):
+    return known(name, {"tokens": 0, "B": 1, "P": 1, "ctx": 0, "seqs": 1, **r})
+
+
+def write_host(mdir, us=1.0, **per_op):
+    """host.csv: every op costs `us` (or its override) at any n."""
+    rows = [{"op": op, "n": n, "us": per_op.get(op, us), "us_p10": 0, "us_p90": 0, "reps": 5}
+            for op in HOST_OPS for n in (1, 4096)]
+    write_csv(mdir / "host.csv", rows, HOST_COLUMNS)
+
+
+def step(reqs, vp=4, depth=3, full_graph_ok=True):
+    """A StepBatch dispatched as the engine does: reqs = (query tokens, context, decoding, spec)."""
+    return assemble_batch([(n, c, d, s, 0, True) for n, c, d, s in reqs], verify_positions=vp, draft_depth=depth,
+                          sizes=capture_sizes(1024, 8192, vp), full_graph_ok=full_graph_ok)
+
+
+MIXED = [(4, 4096, True, True)] * 8 + [(100, 0, False, False), (60, 4096, False, False)]
+
+
+def test_mixed_step_priced_from_graph_tables_and_host_model(tmp_path):
+    root = make_tables(tmp_path)
+    write_host(root / MODEL)
+    lm = load(root, pricing="pipeline", async_scheduling=False)
+    b = step(MIXED)
+    assert (b.kind, b.graph_mode, b.num_tokens, b.run_tokens) == ("mixed_graph", "piecewise", 192, 192)
+    t = {name: v * 1e6 for name, v in lm.step_time(b).terms.items()}
+
+    def graph(name, *x):  # the graph-mode table (GPU time); its eager twin costs 3x and is never used
+        return lm.tables[(name, "graph")](*x)
+    n = 192
+    assert t["gdn"] == pytest.approx(GDN_LAYERS * graph("gdn", n))
+    assert t["moe"] == pytest.approx(LAYERS * graph("moe", n))
+    # decodes at their own context, each prefill chunk at its own
+    core = graph("attn_decode", 8, 4, 4096) + graph("attn_prefill", 100, 0) + graph("attn_prefill", 60, 4096)
+    assert t["attention"] == pytest.approx(ATTN_LAYERS * (graph("attn_proj", n) + core))
+    # the varlen prefill: ONE call per layer over the 160 tokens of both sequences
+    verify = lm.kernels["verify"]["graph"](8)
+    assert t["gdn_verify"] == pytest.approx(GDN_LAYERS * (verify + graph("gdn_prefill_varlen", 160, 2)))
+    assert t["lm_head"] == pytest.approx(graph("lm_head", 32 + 2))
+    # host: prepare (1) and the first piece (1) before the GPU starts, finish (1) after it;
+    # every later launch (1 us) hides behind GPU work already queued
+    assert t["overhead"] == pytest.approx(3.0)
+    assert lm.sources.by_term["overhead"] == "calibrated"
+
+
+def test_varlen_prefill_is_one_call_per_layer(tmp_path):
+    root = make_tables(tmp_path, skip=("gdn_prefill_varlen",))
+    write_host(root / MODEL, gdn_prefill=1000.0)
+    lm = load(root, pricing="pipeline", async_scheduling=False)
+    four = step([(100, 0, False, False)] * 4)
+    _, ops, *_ = lm._pipeline_shape(four)
+    assert sum(1 for h, _, _ in ops if h == pytest.approx(1000.0)) == GDN_LAYERS  # not one per prefilling request
+    # GPU time without a varlen table: the one-sequence curve at the chunk-rounded total (4 x 128)
+    t = lm.step_time(four).terms
+    assert t["gdn_verify"] * 1e6 == pytest.approx(GDN_LAYERS * lm.tables[("gdn_prefill", "graph")](512))
+    # 30 launches of 1 ms: more than the step's GPU work, so the host bounds the step
+    assert t["overhead"] > 0 and sum(t.values()) * 1e6 > GDN_LAYERS * 1000.0
+
+
+def test_full_graph_decode_is_one_replay(tmp_path):
+    root = make_tables(tmp_path)
+    write_host(root / MODEL, full_graph=7.0, step_prepare=11.0, step_finish=13.0)
+    lm = load(root, pricing="pipeline", async_scheduling=False)
+    b = step([(4, 4096, True, True)] * 16)
+    assert (b.kind, b.graph_mode) == ("uniform_decode", "full")
+    t = lm.step_time(b).terms
+    assert t["overhead"] * 1e6 == pytest.approx(11.0 + 7.0 + 13.0)
+    # async scheduling: prepare and finish overlap the previous and next steps' GPU work
+    lm_async = load(root, pricing="pipeline", async_scheduling=True)
+    assert lm_async.step_time(b).terms["overhead"] * 1e6 == pytest.approx(7.0)
+
+
+def test_drafter_passes_cover_every_request(tmp_path):
+    root = make_tables(tmp_path)
+    write_host(root / MODEL)
+    lm = load(root, pricing="pipeline", async_scheduling=False)
+    b = step([(4, 4096, True, True)] * 16)
+    t = lm.step_time(b).terms["drafter"] * 1e6
+    # 64 and 16 tokens, B = 16, ctx = 4096 are grid points: the tables return known() exactly
+    first = k("mtp_fc", tokens=64) + k("attn_proj", tokens=64) + k("attn_decode", B=16, P=4, ctx=4096) \
+        + k("moe", tokens=64) + k("lm_head", tokens=16)
+    later = k("mtp_fc", tokens=16) + k("attn_proj", tokens=16) + k("attn_decode", B=16, P=1, ctx=4096) \
+        + k("moe", tokens=16) + k("lm_head", tokens=16)
+    assert t == pytest.approx(first + 2 * later)
+
+
+def test_pipeline_never_sums_eager_tables(tmp_path):
+    """The same step in both pricings: eager_sum adds eager rows, the pipeline does not."""
+    root = make_tables(tmp_path)
+    write_host(root / MODEL)
+    b = step(MIXED)
+    pipe = load(root, pricing="pipeline", async_scheduling=False).step_time(b).terms
+    old = load(root, pricing="eager_sum").step_time(b).terms
+    assert old["attention"] > pipe["attention"] and old["gdn_verify"] > pipe["gdn_verify"]
+    assert old["moe"] == pytest.approx(pipe["moe"])  # piecewise dense parts: graph tables in both
+
+
+def test_without_host_table_the_host_is_analytic_and_labelled(tmp_path):
+    lm = load(make_tables(tmp_path), pricing="pipeline", async_scheduling=False)
+    assert lm.sources.by_term["overhead"] == "mixed"  # prepare/finish from the step check, launches assumed
+    assert lm.step_time(step(MIXED)).total_s > 0
+
+
+def test_host_table_with_an_unknown_op_is_an_error(tmp_path):
+    root = make_tables(tmp_path)
+    write_csv(root / MODEL / "host.csv", [{"op": "warp_drive", "n": 1, "us": 1, "us_p10": 1, "us_p90": 1, "reps": 1}],
+              HOST_COLUMNS)
+    with pytest.raises(TableError, match="unknown ops \\['warp_drive'\\]"):
+        load(root, pricing="pipeline")
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_pipeline_monotone_in_batch_and_context(tmp_path, async_scheduling):
+    root = make_tables(tmp_path)
+    write_host(root / MODEL, us=30.0, gdn_prefill=600.0)
+    lm = load(root, pricing="pipeline", async_scheduling=async_scheduling)
+    totals = [lm.step_time(step([(4, 4096, True, True)] * b)).total_s for b in (1, 2, 5, 13, 40, 100, 128, 300)]
+    assert totals == sorted(totals)
+    by_ctx = [lm.step_time(step([(4, c, True, True)] * 32)).total_s for c in (300, 1000, 5000, 20000)]
+    assert by_ctx == sorted(by_ctx)
+
+
+def test_kernels_selected_by_the_models_state_dtype(tmp_path):
+    root = make_tables(tmp_path, kernels=False)
+    cols = ("model", "policy", "B", "T", "tree", "state_dtype", "verify_us", "commit_us", "total_us", "mode")
+    per = {"float32": 100.0, "bfloat16": 10.0}
+    write_csv(root / "kernels.csv", [
+        {"model": MODEL, "policy": "store_all", "B": b, "T": 4, "tree": "1,1,1", "state_dtype": dt,
+         "verify_us": v * b, "commit_us": 1.0 * b, "total_us": (v + 1) * b, "mode": mode}
+        for dt, v in per.items() for b in (1, 8, 64) for mode in ("graph", "eager")], cols)
+    lm = load(root)
+    want = per["float32" if lm.model.state_dtype_bytes == 4 else "bfloat16"]
+    assert lm.kernels["verify"]["graph"](8) == pytest.approx(want * 8)
+    # only the other dtype benched: no kernel rows for this model, priced analytically and said so
+    other = "bfloat16" if lm.model.state_dtype_bytes == 4 else "float32"
+    write_csv(root / "kernels.csv", [
+        {"model": MODEL, "policy": "store_all", "B": b, "T": 4, "tree": "1,1,1", "state_dtype": other,
+         "verify_us": 5.0 * b, "commit_us": 1.0 * b, "total_us": 6.0 * b, "mode": "graph"} for b in (1, 8)], cols)
+    assert load(root).sources.by_term["gdn_verify"] == "analytic"

@@ -1,0 +1,73 @@
+"""The host model: host.csv reading and the two-resource pipeline arithmetic on hand-checked examples."""
+import csv
+
+import pytest
+
+from core.tables import HOST_COLUMNS, TableError
+from sim.host_model import ANALYTIC_US, HostCosts, pipeline
+
+
+def test_gpu_bound_step():
+    # prepare 7; op 1 issued at 17, runs 17-117; ops 2 and 3 issued at 27 and 77 wait for the GPU:
+    # 117-122, 122-127; then finish 3.
+    assert pipeline([(10, 100), (10, 5), (50, 5)], prepare_us=7, finish_us=3) == pytest.approx(130)
+
+
+def test_host_bound_step():
+    # each op issued 100 us after the last and done 10 us later: the GPU idles between them
+    assert pipeline([(100, 10), (100, 10)], prepare_us=0, finish_us=0) == pytest.approx(210)
+    assert pipeline([(100, 10), (100, 10)], prepare_us=5, finish_us=2) == pytest.approx(217)
+
+
+def test_launches_hide_behind_queued_gpu_work():
+    # the same three launches: alone 90 us of host time; behind a 1 ms op they cost nothing
+    alone = pipeline([(30, 1), (30, 1), (30, 1)], 0, 0)
+    behind = pipeline([(1, 1000), (30, 1), (30, 1), (30, 1)], 0, 0)
+    assert alone == pytest.approx(91) and behind == pytest.approx(1 + 1000 + 3)
+
+
+def test_async_scheduling_hides_prepare_and_finish():
+    # sync: 50 prepare + 10 issue + 100 GPU + 30 finish
+    assert pipeline([(10, 100)], 50, 30) == pytest.approx(190)
+    # async: the GPU chain (10 + 100) is longer than the step's host work (50 + 10 + 30)
+    assert pipeline([(10, 100)], 50, 30, async_scheduling=True) == pytest.approx(110)
+    # ...unless the host work is longer: then it sets the period
+    assert pipeline([(10, 20)], 50, 30, async_scheduling=True) == pytest.approx(90)
+
+
+def _write(path, rows):
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=HOST_COLUMNS)
+        w.writeheader()
+        w.writerows({"us_p10": 0, "us_p90": 0, "reps": 3} | r for r in rows)
+
+
+def test_host_csv_interpolates_and_labels_sources(tmp_path):
+    path = tmp_path / "host.csv"
+    _write(path, [{"op": "attn_core", "n": 1, "us": 20.0}, {"op": "attn_core", "n": 100, "us": 200.0}])
+    host = HostCosts.load(path, step_overhead_us=100.0, step_source="calibrated")
+    assert host.us("attn_core", 10) == pytest.approx(20.0 * 10 ** 0.5)  # log-log between the rows
+    assert host.us("gdn_prefill", 3) == ANALYTIC_US["gdn_prefill"]
+    assert host.us("step_prepare", 8) == host.us("step_finish", 8) == pytest.approx(50.0)
+    assert host.sources["attn_core"] == "calibrated" and host.sources["gdn_prefill"] == "analytic"
+    assert host.sources["step_prepare"] == "calibrated" and host.source == "mixed"
+
+
+def test_no_host_csv_is_all_analytic(tmp_path):
+    host = HostCosts.load(tmp_path / "host.csv")
+    assert host.source == "analytic" and host.us("piece_graph", 256) == ANALYTIC_US["piece_graph"]
+
+
+def test_derived_hardware_scales_host_costs(tmp_path):
+    host = HostCosts.load(tmp_path / "host.csv", scale=0.5)
+    assert host.us("attn_core", 4) == pytest.approx(0.5 * ANALYTIC_US["attn_core"])
+
+
+def test_bad_host_csv(tmp_path):
+    path = tmp_path / "host.csv"
+    path.write_text("op,n,us\nattn_core,1,3\n")
+    with pytest.raises(TableError, match="missing columns"):
+        HostCosts.load(path)
+    _write(path, [{"op": "attn_core", "n": 1, "us": 3.0}, {"op": "attn_core", "n": 1, "us": 4.0}])
+    with pytest.raises(TableError, match="op attn_core: .*duplicate"):
+        HostCosts.load(path)
