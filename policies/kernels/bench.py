@@ -526,6 +526,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="",
                     help=f"first time these tunings ('all' or a comma list of {','.join(VARIANTS)}) at the target "
                          "shapes, into variants.csv")
+    ap.add_argument("--variants-budget-s", type=float, default=0.0,
+                    help="start no new variant case after this many seconds of the run (0: only --budget-s)")
     ap.add_argument("--reference-store-all", action="store_true",
                     help="also time store_all at 35B-A3B (1,1,1), B in {64, 128}, as a same-run reference")
     ap.add_argument("--no-fla", action="store_true", help="skip the fla outside reference")
@@ -574,7 +576,8 @@ def main(argv: list[str] | None = None) -> int:
     skipped: list[str] = []
     if variants:
         prov["variants"] = {v: VARIANTS[v].label() for v in variants}
-        skipped += run_variants(copy_bw, args.out, deadline, variants)
+        v_deadline = min(deadline, t_start + args.variants_budget_s) if args.variants_budget_s else deadline
+        skipped += run_variants(copy_bw, args.out, v_deadline, variants)
         prov_path.write_text(json.dumps(prov, indent=1) + "\n")
     try:
         prov["fla_fused_recurrent"] = ({"available": False, "reason": "--no-fla"} if args.no_fla

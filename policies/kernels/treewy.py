@@ -38,6 +38,8 @@ ROWS_UNROLL_MAX = 16  # `_rows_kernel` unrolls its rows for trees of at most thi
 # tf32x3 keeps float32 accuracy (~1e-7 relative) on the tensor cores; plain tf32 does not.
 DOT_PRECISION = os.environ.get("GDN_DOT_PRECISION", "tf32x3")
 VERIFY_KINDS = ("fused", "blocked", "rows")
+PRECISIONS = ("tf32x3", "bf16x3", "ieee")
+_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 COMMIT_KINDS = ("dot", "loop")
 
 
@@ -49,7 +51,9 @@ class Tuning:
     "blocked" (`_solve_kernel` + `_apply_kernel`) or "rows" (`_rows_kernel`, row by row);
     rows_max: trees of at most this many positions use "rows" whatever `verify` says.
     commit: "dot" (`_commit_dot_kernel`, the path in 16-node tl.dot blocks) or "loop"
-    (`_state_kernel`, one rank-1 update per path node). bv: state rows per program. stages:
+    (`_state_kernel`, one rank-1 update per path node). pending (reconstruct_deferred): the
+    previous commit in tl.dot blocks or one rank-1 update per node. prec: see `_dot`. bv: state
+    rows per program. stages:
     Triton's software pipelining of the block loops; 1 (none) by default: most trees are one
     block, and a deeper pipeline's shared-memory buffers cut the programs in flight per SM.
     """
@@ -62,6 +66,7 @@ class Tuning:
     commit_bv: int = 32
     commit_warps: int = 4
     commit_stages: int = 1
+    pending: str = "dot"
     prec: str = DOT_PRECISION
 
     def __post_init__(self) -> None:
@@ -73,8 +78,16 @@ class Tuning:
             bv = getattr(self, name)
             if bv < 16 or bv & (bv - 1):
                 raise ValueError(f"Tuning.{name} must be a power of two >= 16, got {bv}")
-        if self.prec not in ("tf32x3", "ieee"):
-            raise ValueError(f"Tuning.prec must be tf32x3 or ieee (plain tf32 loses float32 accuracy), got {self.prec!r}")
+        if self.prec not in PRECISIONS:
+            raise ValueError(f"Tuning.prec must be one of {', '.join(PRECISIONS)} (plain tf32 loses float32 "
+                             f"accuracy), got {self.prec!r}")
+        if self.pending not in ("dot", "loop"):
+            raise ValueError(f"Tuning.pending must be dot or loop, got {self.pending!r}")
+
+    @property
+    def dot_prec(self) -> str:
+        """tl.dot's input_precision for the kernels without `_dot` (bf16x3 is `_dot`'s own)."""
+        return "tf32x3" if self.prec == "bf16x3" else self.prec
 
     @classmethod
     def parse(cls, text: str) -> "Tuning":
@@ -316,6 +329,50 @@ def _rows_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, len
 
 
 @triton.jit
+def _split3(x):
+    """x (float32) as three bfloat16 parts, hi + mid + lo == x to all 24 mantissa bits."""
+    hi = x.to(tl.bfloat16)
+    r = x - hi.to(tl.float32)
+    mid = r.to(tl.bfloat16)
+    return hi, mid, (r - mid.to(tl.float32)).to(tl.bfloat16)
+
+
+@triton.jit
+def _bdot(a, b):
+    """tl.dot of bfloat16 tiles, float32 result."""
+    if _INTERPRETED:  # the interpreter multiplies bfloat16 tiles as their raw uint16 bits
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        out = tl.dot(a, b)
+    return out
+
+
+@triton.jit
+def _dot(a, b, A16: tl.constexpr, B16: tl.constexpr, PREC: tl.constexpr):
+    """a @ b in float32 accuracy. PREC "bf16x3": an operand holding bfloat16 values (A16, B16:
+    the model's q and k) enters as is and the other as three bfloat16 parts, so each partial
+    product is exact and the float32 sum is a float32 dot product: three bf16 tensor-core
+    products (one when both are bf16) against tf32x3's three tf32 ones at half bf16's rate.
+    Neither bf16: tf32x3. Other PREC: tl.dot's own input precision."""
+    if PREC == "bf16x3":
+        if A16 and B16:
+            out = _bdot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+        elif A16:
+            x = a.to(tl.bfloat16)
+            hi, mid, lo = _split3(b)
+            out = _bdot(x, hi) + (_bdot(x, mid) + _bdot(x, lo))
+        elif B16:
+            x = b.to(tl.bfloat16)
+            hi, mid, lo = _split3(a)
+            out = _bdot(hi, x) + (_bdot(mid, x) + _bdot(lo, x))
+        else:
+            out = tl.dot(a, b, input_precision="tf32x3")
+    else:
+        out = tl.dot(a, b, input_precision=PREC)
+    return out
+
+
+@triton.jit
 def _state_kernel(k_ptr, state_ptr, mask_ptr, gc_ptr, u_ptr, acc_ptr, out_ptr, T, Hk, Hv, A_OFFSET,
                   DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr):
     """S_a = G_a S_0 + sum over the path to a of (G_a / G_i) u_i k_i^T, one rank-1 update per path node."""
@@ -344,7 +401,7 @@ def _state_kernel(k_ptr, state_ptr, mask_ptr, gc_ptr, u_ptr, acc_ptr, out_ptr, T
 @triton.jit
 def _commit_dot_kernel(k_ptr, state_ptr, mask_ptr, gc_ptr, u_ptr, acc_ptr, out_ptr, T, Hk, Hv, A_OFFSET,
                        DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                       PREC: tl.constexpr):
+                       K16: tl.constexpr, PREC: tl.constexpr):
     """`_state_kernel`'s sum as (w u)^T k products over 16 path slots at a time: every load of a
     block is issued at once instead of one dependent mask test per node."""
     pid = tl.program_id(0)
@@ -367,25 +424,33 @@ def _commit_dot_kernel(k_ptr, state_ptr, mask_ptr, gc_ptr, u_ptr, acc_ptr, out_p
         uj = tl.load(u_ptr + ((b * T + tj[:, None]) * Hv + h) * DV + rv[None, :], mask=on[:, None], other=0.0)
         kj = tl.load(k_ptr + ((b * T + tj[:, None]) * Hk + hk) * DK + rk[None, :], mask=on[:, None],
                      other=0.0).to(tl.float32)
-        s += tl.dot(tl.trans(w[:, None] * uj), kj, input_precision=PREC)
+        s += _dot(tl.trans(w[:, None] * uj), kj, False, K16, PREC)
     tl.store(out_ptr + p_s, s.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
 def _apply_pending(s, pu_ptr, pk_ptr, pg_ptr, pn_ptr, b, h, hk, rv, rk, Hk, Hv, P,
-                   DK: tl.constexpr, DV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr):
+                   DK: tl.constexpr, DV: tl.constexpr, BC: tl.constexpr, K16: tl.constexpr, PREC: tl.constexpr,
+                   DOT: tl.constexpr):
     """The previous step's commit on the tile s = S_old[rv, :]: G_a S_old + sum_i pu_i pk_i^T,
-    with pu already weighted by G_a / G_i (`_gather_path_kernel`)."""
+    with pu already weighted by G_a / G_i (`_gather_path_kernel`). DOT: 16 path slots per
+    tl.dot; else one rank-1 FMA update per pending node (no layout change of s)."""
     npend = tl.load(pn_ptr + b)
     s = tl.exp(tl.load(pg_ptr + b * Hv + h)) * s
-    rc = tl.arange(0, BC)
-    for j in range(0, tl.cdiv(npend, BC)):
-        tj = j * BC + rc
-        on = tj < npend
-        pu = tl.load(pu_ptr + ((b * P + tj[:, None]) * Hv + h) * DV + rv[None, :], mask=on[:, None], other=0.0)
-        pk = tl.load(pk_ptr + ((b * P + tj[:, None]) * Hk + hk) * DK + rk[None, :], mask=on[:, None],
-                     other=0.0).to(tl.float32)
-        s += tl.dot(tl.trans(pu), pk, input_precision=PREC)
+    if DOT:
+        rc = tl.arange(0, BC)
+        for j in range(0, tl.cdiv(npend, BC)):
+            tj = j * BC + rc
+            on = tj < npend
+            pu = tl.load(pu_ptr + ((b * P + tj[:, None]) * Hv + h) * DV + rv[None, :], mask=on[:, None], other=0.0)
+            pk = tl.load(pk_ptr + ((b * P + tj[:, None]) * Hk + hk) * DK + rk[None, :], mask=on[:, None],
+                         other=0.0).to(tl.float32)
+            s += _dot(tl.trans(pu), pk, False, K16, PREC)
+    else:
+        for i in range(0, npend):
+            pu = tl.load(pu_ptr + ((b * P + i) * Hv + h) * DV + rv)
+            pk = tl.load(pk_ptr + ((b * P + i) * Hk + hk) * DK + rk).to(tl.float32)
+            s += pu[:, None] * pk[None, :]
     return s
 
 
@@ -393,7 +458,8 @@ def _apply_pending(s, pu_ptr, pk_ptr, pg_ptr, pn_ptr, b, h, hk, rv, rk, Hk, Hv, 
 def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, lengths_ptr, o_ptr, u_ptr,
                   pu_ptr, pk_ptr, pg_ptr, pn_ptr, T, Hk, Hv, O_START, T_OUT, P,
                   DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                  NSQ: tl.constexpr, PENDING: tl.constexpr, PREC: tl.constexpr):
+                  NSQ: tl.constexpr, PENDING: tl.constexpr, QK16: tl.constexpr, PK16: tl.constexpr,
+                  PREC: tl.constexpr, PDOT: tl.constexpr):
     """Solve and state pass in one program per (sequence, v-head, v-block), 16 positions at a time.
 
     The tile s = S_0[rv, :] is read once (PENDING: S_old, brought up to date by the previous
@@ -401,8 +467,8 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
     pseudo-values U_i (this program's own u rows, read back):
       R_j = b_j (V_j - G_j K_j S_0^T) - sum_{i<j} A_ji U_i,   U_j = (I + L_jj)^-1 R_j
       O_j = G_j Q_j S_0^T + sum_{i<=j} Att_ji U_i
-    K_j S_0^T and Q_j S_0^T are the only products with the state (precision PREC); the small
-    ones (16 x 16 x {16, BV}) run in float32 FMA. L_jj is strictly lower triangular, so
+    K_j S_0^T and Q_j S_0^T are the only products with the state; every product is float32
+    accurate (`_dot`). L_jj is strictly lower triangular, so
     (I + L)^-1 = (I - L)(I + L^2)(I + L^4)(I + L^8): NSQ factors (L^(2^NSQ) = 0 for a block of
     at most 2^NSQ positions) of independent tl.dot products instead of a 16-step substitution
     whose every step is a cross-thread reduction.
@@ -421,7 +487,7 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
     s = tl.load(p_s).to(tl.float32)
     if PENDING:
         s = _apply_pending(s, pu_ptr, pk_ptr, pg_ptr, pn_ptr, b, h, hk, rv, rk, Hk, Hv, P, DK=DK, DV=DV, BC=BC,
-                           PREC=PREC)
+                           K16=PK16, PREC=PREC, DOT=PDOT)
         s = s.to(state_ptr.dtype.element_ty)
         tl.store(p_s, s)
         s = s.to(tl.float32)  # verify from the state exactly as committed (bf16: rounded)
@@ -439,8 +505,8 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
         bj = tl.load(beta_ptr + (b * T + tj) * Hv + h, mask=mj, other=0.0).to(tl.float32)
         gj = tl.load(gc_ptr + (b * T + tj) * Hv + h, mask=mj, other=0.0)
         ej = tl.exp(gj)
-        rhs = bj[:, None] * (vj - ej[:, None] * tl.dot(kj, st, input_precision=PREC))
-        oj = ej[:, None] * tl.dot(qj, st, input_precision=PREC)
+        rhs = bj[:, None] * (vj - ej[:, None] * _dot(kj, st, QK16, False, PREC))
+        oj = ej[:, None] * _dot(qj, st, QK16, False, PREC)
         for i in range(0, j):
             ti = i * BC + rc
             ki = tl.load(k_ptr + ((b * T + ti[:, None]) * Hk + hk) * DK + rk[None, :], mask=(ti < n)[:, None],
@@ -449,19 +515,19 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
             ui = tl.load(u_ptr + ((b * T + ti[:, None]) * Hv + h) * DV + rv[None, :])
             anc = tl.load(mask_ptr + b * BT * BT + tj[:, None] * BT + ti[None, :]) != 0
             dec = tl.where(anc, tl.exp(gj[:, None] - gi[None, :]), 0.0)
-            a_ji = bj[:, None] * dec * tl.dot(kj, tl.trans(ki), input_precision="ieee")
-            rhs -= tl.dot(a_ji, ui, input_precision="ieee")
-            oj += tl.dot(dec * tl.dot(qj, tl.trans(ki), input_precision="ieee"), ui, input_precision="ieee")
+            a_ji = bj[:, None] * dec * _dot(kj, tl.trans(ki), QK16, QK16, PREC)
+            rhs -= _dot(a_ji, ui, False, False, PREC)
+            oj += _dot(dec * _dot(qj, tl.trans(ki), QK16, QK16, PREC), ui, False, False, PREC)
         anc = tl.load(mask_ptr + b * BT * BT + tj[:, None] * BT + tj[None, :]) != 0
         dec = tl.where(anc, tl.exp(gj[:, None] - gj[None, :]), 0.0)
         uj = rhs
         if NSQ > 0:
-            lp = tl.where(lower, bj[:, None] * dec * tl.dot(kj, tl.trans(kj), input_precision="ieee"), 0.0)
-            uj = rhs - tl.dot(lp, rhs, input_precision="ieee")
+            lp = tl.where(lower, bj[:, None] * dec * _dot(kj, tl.trans(kj), QK16, QK16, PREC), 0.0)
+            uj = rhs - _dot(lp, rhs, False, False, PREC)
             for _ in tl.static_range(NSQ - 1):
-                lp = tl.dot(lp, lp, input_precision="ieee")
-                uj += tl.dot(lp, uj, input_precision="ieee")
-        oj += tl.dot(dec * tl.dot(qj, tl.trans(kj), input_precision="ieee"), uj, input_precision="ieee")
+                lp = _dot(lp, lp, False, False, PREC)
+                uj += _dot(lp, uj, False, False, PREC)
+        oj += _dot(dec * _dot(qj, tl.trans(kj), QK16, QK16, PREC), uj, False, False, PREC)
         inside = (tj < T)[:, None]
         tl.store(u_ptr + ((b * T + tj[:, None]) * Hv + h) * DV + rv[None, :], uj, mask=inside)
         to = tj - O_START
@@ -473,7 +539,8 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
 
 @triton.jit
 def _flush_kernel(state_ptr, sel_ptr, pu_ptr, pk_ptr, pg_ptr, pn_ptr, Hk, Hv, P,
-                  DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr):
+                  DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, K16: tl.constexpr,
+                  PREC: tl.constexpr, DOT: tl.constexpr):
     """The pending commit of the selected sequences written into the state (nothing else)."""
     pid = tl.program_id(0)
     NV: tl.constexpr = DV // BV
@@ -485,7 +552,7 @@ def _flush_kernel(state_ptr, sel_ptr, pu_ptr, pk_ptr, pg_ptr, pn_ptr, Hk, Hv, P,
         rv = (pid % NV) * BV + tl.arange(0, BV)
         p_s = state_ptr + ((b * Hv + h) * DV + rv[:, None]) * DK + rk[None, :]
         s = _apply_pending(tl.load(p_s).to(tl.float32), pu_ptr, pk_ptr, pg_ptr, pn_ptr, b, h, h // (Hv // Hk), rv, rk,
-                           Hk, Hv, P, DK=DK, DV=DV, BC=BC, PREC=PREC)
+                           Hk, Hv, P, DK=DK, DV=DV, BC=BC, K16=K16, PREC=PREC, DOT=DOT)
         tl.store(p_s, s.to(state_ptr.dtype.element_ty))
 
 
@@ -562,6 +629,11 @@ class Pending:
     @property
     def max_path(self) -> int:
         return self.pu.shape[1]
+
+
+def _bf16(*xs: torch.Tensor) -> bool:
+    """Whether every tensor holds bfloat16 values (an exact `_dot` operand)."""
+    return all(x.dtype == torch.bfloat16 for x in xs)
 
 
 def rows_block(T: int) -> int:
@@ -653,7 +725,9 @@ def state_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Te
                                               pd.pn, T, Hk, Hv, out_start, T - out_start, pd.pu.shape[1],
                                               DK=DK, DV=DV, BV=BV, BT=mask.shape[-1], BC=BC,
                                               NSQ=(min(T, BC) - 1).bit_length(), PENDING=pending is not None,
-                                              PREC=t.prec, num_warps=t.verify_warps, num_stages=t.verify_stages)
+                                              QK16=_bf16(q, k), PK16=_bf16(pd.pk), PREC=t.prec,
+                                              PDOT=t.pending == "dot", num_warps=t.verify_warps,
+                                              num_stages=t.verify_stages)
         return o, u
     BV = block_v(DV)
     if kind == "rows":
@@ -664,7 +738,7 @@ def state_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Te
         return o, u
     x, z = solve(q, k, v, beta, mask, gc, lengths)
     _apply_kernel[(B * Hv * (DV // BV),)](q, state, gc, lengths, x, z, o, u, T, Hk, Hv, out_start, T - out_start,
-                                          DK=DK, DV=DV, BV=BV, BC=BC, PREC=t.prec, num_warps=4)
+                                          DK=DK, DV=DV, BV=BV, BC=BC, PREC=t.dot_prec, num_warps=4)
     return o, u
 
 
@@ -676,7 +750,7 @@ def solve(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
     x = torch.empty(B, T, Hv, DK + DV, dtype=torch.float32, device=v.device)
     z = torch.empty_like(x)
     _solve_kernel[(B * Hv,)](q, k, v, beta, mask, gc, lengths, x, z, T, Hk, Hv, DK=DK, DV=DV, BC=BC,
-                             BT=mask.shape[-1], PREC=TUNING.prec, num_warps=4)
+                             BT=mask.shape[-1], PREC=TUNING.dot_prec, num_warps=4)
     return x, z
 
 
@@ -689,7 +763,7 @@ def wy_state(ctx: TreeSolve, accepted: torch.Tensor, out: torch.Tensor, offset: 
     args = (ctx.k, ctx.state, ctx.mask, ctx.gc, ctx.u, accepted.to(torch.int32), out, T, Hk, Hv, offset)
     if t.commit == "dot":
         _commit_dot_kernel[(B * Hv * (DV // BV),)](*args, DK=DK, DV=DV, BV=BV, BT=ctx.mask.shape[-1], BC=BC,
-                                                   PREC=t.prec, num_warps=t.commit_warps,
+                                                   K16=_bf16(ctx.k), PREC=t.prec, num_warps=t.commit_warps,
                                                    num_stages=t.commit_stages)
     else:
         _state_kernel[(B * Hv * (DV // BV),)](*args, DK=DK, DV=DV, BV=BV, BT=ctx.mask.shape[-1],
@@ -715,6 +789,7 @@ def apply_pending(state: torch.Tensor, pending: Pending, rows: torch.Tensor) -> 
     BV = block_v(DV, TUNING.commit_bv)
     _flush_kernel[(B * Hv * (DV // BV),)](state, rows.to(torch.int32), pending.pu, pending.pk, pending.pg, pending.pn,
                                           pending.pk.shape[2], Hv, pending.max_path, DK=DK, DV=DV, BV=BV, BC=BC,
-                                          PREC=TUNING.prec, num_warps=TUNING.commit_warps,
+                                          K16=_bf16(pending.pk), PREC=TUNING.prec, DOT=TUNING.pending == "dot",
+                                          num_warps=TUNING.commit_warps,
                                           num_stages=TUNING.commit_stages)
     return state
