@@ -237,9 +237,10 @@ def moe_weights(s: LayerShapes, device: torch.device) -> MoEWeights:
 
 
 def moe_forward(x: torch.Tensor, w: MoEWeights, s: LayerShapes) -> torch.Tensor:
-    """Norm, then the fused MoE (routing, routed and shared experts; calibrate/kernels/fused_moe.py), residual."""
+    """Norm, then the fused MoE (routing, routed and shared experts; calibrate/kernels/fused_moe.py),
+    the residual added in its final reduction."""
     h = F.rms_norm(x, (s.hidden,), w.norm, EPS)
-    return x + fused_moe(h, w.router, w.w13, w.w2, s.top_k, w.shared13, w.shared2, w.shared_gate)
+    return fused_moe(h, w.router, w.w13, w.w2, s.top_k, w.shared13, w.shared2, w.shared_gate, residual=x)
 
 
 # ------------------------------------------------------------------ LM head, MTP fc

@@ -21,6 +21,7 @@ CASES = {
     "T37-H48-E10-I24-k3-sorted": (37, 48, 10, 24, 3, False, SORTED),
     "T29-H72-E33-I40-k4-shared-sorted-wide": (29, 72, 33, 40, 4, True, SORTED_WIDE),
     "T19-H32-E4-I16-k4-all-experts": (19, 32, 4, 16, 4, True, SORTED),
+    "T70-H40-E6-I16-k2-shared-wide-router-tiles": (70, 40, 6, 16, 2, True, SORTED),
 }
 
 
@@ -32,6 +33,14 @@ def test_against_reference(case):
     assert out.shape == (tokens, hidden) and out.dtype == torch.bfloat16
     err = rel_err(out, fused_moe_ref(**x))
     assert err < BF16_TOL, f"{case}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("cfg", [UNSORTED, SORTED], ids=["unsorted", "sorted"])
+def test_residual_is_added_in_the_reduction(cfg):
+    x = moe_inputs(7, 40, 6, 16, 2, True, seed=7)
+    res = torch.randn(7, 40).to(torch.bfloat16)
+    out = FM.fused_moe(**x, config=cfg, residual=res)
+    assert rel_err(out.double() - res.double(), fused_moe_ref(**x)) < BF16_TOL
 
 
 def test_sorted_and_unsorted_agree_bitwise():

@@ -13,7 +13,7 @@ GEMMs serve routed and shared experts in one launch each. Launches:
      result is not, since each pair writes its own output row)
   4. gate+up grouped GEMM, SiLU(gate) * up fused in the epilogue   `_gate_up_kernel`
   5. down grouped GEMM, the pair's routing weight fused             `_down_kernel`
-  6. sum of each token's NP rows (torch)
+  6. sum of each token's NP rows, plus the residual when given    `_combine_kernel`
 
 Small batches skip step 3: each pair is its own M-block (one valid row of BLOCK_M),
 since with few tokens an expert rarely has two pairs and sorting costs more launches
@@ -237,6 +237,20 @@ def _down_kernel(act, w2, shared2, y, weights, sorted_pair, block_expert, ids, n
              mask=m_row[:, None] & m_n[None, :])
 
 
+@triton.jit(do_not_specialize=["T"])
+def _combine_kernel(y, residual, out, T, H, NP: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_H: tl.constexpr):
+    """out[t] = sum of token t's NP pair rows (+ residual[t]), accumulated in fp32."""
+    t = tl.program_id(0)
+    o_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    m_h = o_h < H
+    b_acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    if HAS_RES:
+        b_acc += tl.load(residual + t.to(tl.int64) * H + o_h, mask=m_h, other=0.0).to(tl.float32)
+    for j in tl.static_range(NP):
+        b_acc += tl.load(y + (t.to(tl.int64) * NP + j) * H + o_h, mask=m_h, other=0.0).to(tl.float32)
+    tl.store(out + t.to(tl.int64) * H + o_h, b_acc.to(out.dtype.element_ty), mask=m_h)
+
+
 def _check(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int,
            shared: tuple[torch.Tensor | None, ...]) -> None:
     T, H = x.shape
@@ -262,15 +276,18 @@ def _check(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w2: torch
 
 def fused_moe(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int,
               shared_w13: torch.Tensor | None, shared_w2: torch.Tensor | None, shared_gate_w: torch.Tensor | None,
-              config: MoEConfig | None = None) -> torch.Tensor:
+              config: MoEConfig | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, hidden] bf16; router_w [E, hidden]; w13 [E, 2I, hidden] (gate rows, then up); w2 [E, hidden, I];
     shared_* (width I, gate [1, hidden]) or all None. Softmax top-k routing renormalised over the k
     (Qwen3.5's norm_topk_prob), SiLU(gate) * up, shared expert times sigmoid(x . shared_gate_w).
-    Returns [T, hidden] in x's dtype."""
+    Returns [T, hidden] in x's dtype; plus `residual` [T, hidden] when given (added in the final
+    reduction, saving the layer a pass)."""
     _check(x, router_w, w13, w2, top_k, (shared_w13, shared_w2, shared_gate_w))
     T, H = x.shape
+    if residual is not None and (residual.shape != x.shape or not residual.is_contiguous()):
+        raise ValueError(f"fused_moe: residual {tuple(residual.shape)} must be contiguous and match x {tuple(x.shape)}")
     if T == 0:
-        return torch.empty_like(x)
+        return torch.empty_like(x) if residual is None else residual.clone()
     E, I = w13.shape[0], w13.shape[1] // 2
     has_shared = shared_w13 is not None
     NP = top_k + int(has_shared)
@@ -280,10 +297,12 @@ def fused_moe(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w2: to
     dev = x.device
 
     logits = torch.empty(T, NE, dtype=torch.float32, device=dev)
-    block_e = 32
-    _logits_kernel[(triton.cdiv(T, 16), triton.cdiv(NE, block_e))](
+    # Few tokens: narrow expert tiles spread the router's bytes over many SMs; many tokens: wide
+    # tiles so x and the router are re-read from L2 fewer times.
+    block_te = 16 if T <= 64 else 64
+    _logits_kernel[(triton.cdiv(T, block_te), triton.cdiv(NE, block_te))](
         x, router_w, shared_gate_w if has_shared else router_w, logits, T, H, x.stride(0), logits.stride(0),
-        E=E, HAS_GATE=has_shared, BLOCK_T=16, BLOCK_E=block_e, BLOCK_H=128)
+        E=E, HAS_GATE=has_shared, BLOCK_T=block_te, BLOCK_E=block_te, BLOCK_H=128)
 
     ids = torch.empty(T, NP, dtype=torch.int32, device=dev)
     weights = torch.empty(T, NP, dtype=torch.float32, device=dev)
@@ -327,4 +346,7 @@ def fused_moe(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w2: to
         E=E, SORTED=cfg.sorted, GROUP_M=cfg.group_m,
         BLOCK_M=cfg.block_m, BLOCK_N=dn, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return y.view(T, NP, H).sum(1)
+    out = torch.empty_like(x)
+    _combine_kernel[(T, triton.cdiv(H, 1024))](y, residual if residual is not None else x, out, T, H, NP=NP,
+                                              HAS_RES=residual is not None, BLOCK_H=1024)
+    return out
