@@ -210,15 +210,15 @@ class PagedKV:
             raise ValueError(f"PagedKV: {sum(need)} blocks asked of a pool of {self.num_blocks}")
         if self.next + sum(need) > self.num_blocks:
             self.next = 0
-        ids = self.next + torch.randperm(sum(need), device=self.device, dtype=torch.int32)
+        ids = self.next + torch.randperm(sum(need), dtype=torch.int32)
         self.next += sum(need)
-        table = torch.zeros(len(seq_lens), max(need), dtype=torch.int32, device=self.device)
+        table = torch.zeros(len(seq_lens), max(need), dtype=torch.int32)
         for b, row in enumerate(ids.split(need)):
             table[b, :need[b]] = row
         B = len(seq_lens)
         return L.PagedBatch(
             k_cache=self.k, v_cache=self.v, slot_mapping=torch.empty(0, dtype=torch.int64, device=self.device),
-            block_tables=table, seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=self.device),
+            block_tables=table.to(self.device), seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=self.device),
             cu_seqlens_q=torch.arange(B + 1, dtype=torch.int32, device=self.device) * q_len, max_seqlen_q=q_len)
 
 

@@ -19,7 +19,7 @@ CASES = {
     "T5-H40-E7-I20-k2-unsorted": (5, 40, 7, 20, 2, False, UNSORTED),
     "T37-H48-E10-I24-k3-shared-sorted": (37, 48, 10, 24, 3, True, SORTED),
     "T37-H48-E10-I24-k3-sorted": (37, 48, 10, 24, 3, False, SORTED),
-    "T29-H72-E33-I40-k4-shared-sorted-wide": (29, 72, 33, 40, 4, True, SORTED_WIDE),
+    "T29-H40-E17-I40-k4-shared-sorted-wide": (29, 40, 17, 40, 4, True, SORTED_WIDE),
     "T19-H32-E4-I16-k4-all-experts": (19, 32, 4, 16, 4, True, SORTED),
     "T70-H40-E6-I16-k2-shared-wide-router-tiles": (70, 40, 6, 16, 2, True, SORTED),
 }
