@@ -509,6 +509,37 @@ def environment(args: argparse.Namespace) -> dict:
                 dot_precision=os.environ.get("GDN_DOT_PRECISION", "tf32x3"))
 
 
+def summary(out: Path, stem: str) -> str:
+    """The short table printed last (a device call returns only the end of its output): per
+    variant case the fastest tuning against the default, then the main table's graph rows."""
+    lines = []
+    vpath = out / "variants.csv"
+    if vpath.exists():
+        rows = list(csv.DictReader(vpath.open()))
+        keys = sorted({(r["policy"], r["tree"], int(r["T"]), int(r["B"])) for r in rows})
+        lines.append("variants (graph, verify + commit us, % of copy bw): default | best")
+        for k in keys:
+            rs = [r for r in rows if (r["policy"], r["tree"], int(r["T"]), int(r["B"])) == k]
+            best = min(rs, key=lambda r: float(r["total_us"]))
+            d = next((r for r in rs if r["variant"] == "default"), None)
+            dd = f"{float(d['total_us']):8.1f} ({d['pct_of_copy_bw']}%)" if d else "       -"
+            lines.append(f"  {k[0][:20]:20} {k[1]:6} T={k[2]:<3} B={k[3]:<3} {dd} | {float(best['total_us']):8.1f} "
+                         f"({best['pct_of_copy_bw']}%) {best['variant']}: v {best['verify_us']} c {best['commit_us']}")
+        by_v: dict[str, float] = {}
+        for r in rows:
+            by_v[r["variant"]] = by_v.get(r["variant"], 0.0) + float(r["total_us"])
+        lines.append("  sum over cases: " + ", ".join(f"{v} {t:.0f}" for v, t in sorted(by_v.items(), key=lambda x: x[1])))
+    kpath = out / f"{stem}.csv"
+    if kpath.exists():
+        lines.append("main table (graph): policy tree B dtype verify commit total %bw")
+        for r in csv.DictReader(kpath.open()):
+            if r["mode"] == "graph":
+                lines.append(f"  {r['policy'][:20]:20} {r['tree']:13} B={r['B']:<3} {r['state_dtype'][:4]} "
+                             f"r={r['replayed_tokens']:<2} f={r['flush']} {r['verify_us']:>9} {r['commit_us']:>8} "
+                             f"{r['total_us']:>9} {r['pct_of_copy_bw']}%")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m policies.kernels.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, type=Path, help="folder for kernels.csv and kernels_provenance.json")
@@ -624,6 +655,12 @@ def main(argv: list[str] | None = None) -> int:
     prov["skipped"] = skipped
     prov["wall_s"] = round(time.time() - t_start, 1)
     prov_path.write_text(json.dumps(prov, indent=1) + "\n")
+    print(summary(args.out, args.stem), flush=True)
+    for r in prov["fla_fused_recurrent"].get("rows", []):
+        print(f"  fla fused_recurrent chain T={r['T']} B={r['B']}: {r['us']} us ({r['pct_of_copy_bw']}%), "
+              f"state vs reconstruct {r['rel_err_state_vs_reconstruct']:.1e}")
+    for line in skipped:
+        print("skipped:", line)
     print(f"wrote {csv_path} in {prov['wall_s']} s")
     return 0
 
