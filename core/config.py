@@ -219,8 +219,10 @@ class EngineConfig(_Strict):
     mamba_cache_mode: Literal["none", "align"] | None = None  # None: "align" with prefix caching, else "none"
     language_model_only: bool = False  # vLLM --language-model-only: no multimodal encoder dummy batch
     max_model_len: int | None = Field(None, gt=0)  # None: the model's max_model_len
-    async_scheduling: bool = False
-    truncate_drafts: bool = False  # schedule part of a request's drafts when the budget is short
+    # vLLM's default with MTP (config/vllm.py): the next step is planned while one runs (docs/engine.md)
+    async_scheduling: bool = True
+    # vLLM v1 schedules spec_token_ids[:budget - 1] when the budget is short; false: 1 token (chains only)
+    truncate_drafts: bool = True
 
     @field_validator("gmu")
     @classmethod
@@ -255,6 +257,8 @@ class ClientConfig(_Strict):
     burstiness: float = Field(1.0, gt=0)  # Gamma shape; 1 = Poisson
     use_trace_arrivals: bool = False  # replay the workload's own timestamps
     time_scale: float = Field(1.0, gt=0)  # trace replay: multiply gaps by this
+    # Seconds a request spends outside the engine (HTTP both ways, tokenisation): unmeasured, so 0
+    round_trip_s: float = Field(0.0, ge=0)
 
 
 class RunConfig(_Strict):

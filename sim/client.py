@@ -5,6 +5,12 @@ a Poisson/Gamma process or a trace). `max_concurrency` is a semaphore: a ready
 request is sent only while fewer than that many are in flight. A request's clock
 starts when it is sent, so time spent behind the semaphore is client-side queueing,
 reported apart from the engine's waiting.
+
+`round_trip_s` is the time a request spends outside the engine: HTTP both ways,
+the API server's tokenisation and detokenisation. It is charged between the send and
+the engine's queue, so TTFT and E2E include it once (as the client measures them) and
+in a closed loop the next request reaches the engine that long after the previous
+one finished.
 """
 from __future__ import annotations
 
@@ -18,14 +24,17 @@ from sim.request import Request
 
 class Client:
     def __init__(self, env: simpy.Environment, requests: Sequence[Request], max_concurrency: int | None,
-                 send: Callable[[Request], bool]) -> None:
+                 send: Callable[[Request], bool], round_trip_s: float = 0.0) -> None:
         """`send` hands a request to the engine; False means the engine rejected it at once."""
         if max_concurrency is not None and max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency}")
+        if not round_trip_s >= 0:
+            raise ValueError(f"round_trip_s must be >= 0 seconds, got {round_trip_s}")
         self.env = env
         self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.rid))
         self.limit = max_concurrency
         self._send = send
+        self.round_trip_s = round_trip_s
         self.in_flight = 0
         self.queue: deque[Request] = deque()  # ready, waiting for a concurrency slot
 
@@ -43,10 +52,18 @@ class Client:
         while self.queue and (limit is None or self.in_flight < limit):
             req = self.queue.popleft()
             req.send_s = self.env.now
-            if self._send(req):
-                self.in_flight += 1
+            self.in_flight += 1
+            if self.round_trip_s > 0:
+                self.env.process(self._deliver(req))
+            elif not self._send(req):
+                self.in_flight -= 1
+
+    def _deliver(self, req: Request) -> Generator[simpy.Event, None, None]:
+        yield self.env.timeout(self.round_trip_s)
+        if not self._send(req):
+            self.on_done(req)
 
     def on_done(self, req: Request) -> None:
-        """The engine finished a request: release its slot and send the next ready one."""
+        """The engine finished (or rejected) a request: release its slot and send the next ready one."""
         self.in_flight -= 1
         self._pump()

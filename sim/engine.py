@@ -6,6 +6,15 @@ every scheduled request is updated at once: prefill progress, or a verify step w
 accepted length comes from the request's own acceptance stream. Output tokens are
 emitted at the end of the step that produced them. Per-step work is O(scheduled
 requests); there are no per-token or per-request-per-step events.
+
+Async scheduling (`EngineConfig.async_scheduling`, vLLM's default with MTP): step N+1
+is planned when step N starts, before step N's outputs are processed, as vLLM's
+`step_with_batch_queue` does with two batches in its queue. So blocks freed by a
+request that step N finishes serve step N + 2; a request that step N may finish
+gets an extra verify in step N + 1 whose tokens are discarded; a request arriving
+while step N runs starts in step N + 2. Step times are the latency model's; under
+async scheduling that is the pipelined period (GPU time of a step, or the host
+work that overlaps it when that is longer): docs/engine.md says what overlaps.
 """
 from __future__ import annotations
 
@@ -14,7 +23,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from core.config import ConfigError
+from core.config import ConfigError, EngineConfig
 from policies import CommitPolicy
 from sim.acceptance import AcceptanceModel
 from sim.client import Client
@@ -39,6 +48,7 @@ class EngineResult:
     steps: StepLog
     duration_s: float
     pool: Pool
+    semantics: dict[str, object]  # the engine behaviours this run used (docs/engine.md), for the summary
 
 
 class Engine:
@@ -55,6 +65,7 @@ class Engine:
         self.replay = policy.name == "replay"
         self.graph_max_tokens = min(scheduler.max_seqs * scheduler.verify_positions * 2, CUDAGRAPH_CAPTURE_CAP,
                                     scheduler.max_tokens)
+        self.async_scheduling = scheduler.async_scheduling
         self.on_done = lambda req: None  # the client's callback for finished requests
         self._wake: simpy.Event | None = None
 
@@ -75,20 +86,18 @@ class Engine:
     def run(self) -> Generator[simpy.Event, None, None]:
         env, sched, latency, log = self.env, self.scheduler, self.latency, self.steps
         term_sums = log.term_sums
+        plan: StepPlan | None = None  # the step the GPU runs next
         while True:
-            if not sched.running and not sched.waiting:
-                self._wake = env.event()
-                yield self._wake  # never fires once the client has nothing left: the run ends
-                self._wake = None
-                continue
+            if plan is None:
+                if not sched.running and not sched.waiting:
+                    self._wake = env.event()
+                    yield self._wake  # never fires once the client has nothing left: the run ends
+                    self._wake = None
+                    continue
+                plan = self._plan(env.now, step_in_flight=False)
+                if plan is None:
+                    continue  # every running request was preempted; readmit them now
             now = env.now
-            plan = sched.schedule(now)
-            if not plan.reqs:
-                if plan.preempted:
-                    if log.trace:
-                        log.events.extend((now, "preempt", r.rid) for r in plan.preempted)
-                    continue  # every running request was preempted; readmit next step
-                raise RuntimeError(f"engine stalled at t={now}: {len(sched.waiting)} waiting, nothing schedulable")
             batch = self._batch(plan)
             st = latency.step_time(batch)
             dt = st.total_s
@@ -105,8 +114,25 @@ class Engine:
                                  len(sched.running), len(sched.waiting), len(plan.preempted), sched.pool.used,
                                  sched.pool.usage, st.mode))
                 log.record(now, batch, st)
+            # Async scheduling plans the next step now, from the outputs of the steps before this one.
+            following = self._plan(now, step_in_flight=True) if self.async_scheduling else None
             yield env.timeout(dt)
             self._complete(plan, env.now)
+            plan = following
+
+    def _plan(self, now: float, step_in_flight: bool) -> StepPlan | None:
+        """The scheduler's next step; None when it holds no request (plan again later)."""
+        plan = self.scheduler.schedule(now)
+        if plan.reqs:
+            return plan
+        if plan.preempted:
+            if self.steps.trace:
+                self.steps.events.extend((now, "preempt", r.rid) for r in plan.preempted)
+            return None
+        if step_in_flight:
+            return None  # nothing to add while a step runs (vLLM launches no batch): plan after its outputs
+        sched = self.scheduler
+        raise RuntimeError(f"engine stalled at t={now}: {len(sched.waiting)} waiting, nothing schedulable")
 
     def _batch(self, plan: StepPlan) -> StepBatch:
         policy, replay, sched = self.policy, self.replay, self.scheduler
@@ -135,26 +161,40 @@ class Engine:
                               full_graph_ok=not self.tree_forces_eager, requests=tuple(traced))
 
     def _complete(self, plan: StepPlan, now: float) -> None:
+        """Process a step's outputs: progress, accepted drafts, emitted tokens, finished requests."""
         finished = False
         spec_enabled = self.spec_enabled
-        for req, n, spec in zip(plan.reqs, plan.tokens, plan.spec):
+        trace = self.steps.trace
+        for req, n, spec, samples in zip(plan.reqs, plan.tokens, plan.spec, plan.samples):
+            status = req.status
+            if status is Status.FINISHED:
+                continue  # async: an earlier step's outputs ended it; this step's tokens are discarded
+            # Async: preempted while this step ran. Its sampled tokens still count (vLLM appends
+            # them); its KV and state are recomputed from scratch, so progress is not kept.
+            preempted = status is Status.WAITING
+            if not preempted:
+                req.inflight -= n
             if spec:
                 a = req.acceptance.accepted_drafts()
-                if self.steps.trace:
+                if a > n - 1:
+                    a = n - 1  # a truncated chain verified only n - 1 drafts
+                if trace:
                     self.steps.accepted(req.rid, a + 1)
                 req.spec_steps += 1
                 req.spec_tokens += a + 1
-                req.computed += 1 + a  # the root token and the accepted drafts; the bonus is sampled
                 emit = a + 1
-                if self.replay:
-                    if self.policy.flushes(req.steps_since_flush):
-                        req.steps_since_flush = req.tokens_since_flush = 0
-                    else:
-                        req.steps_since_flush += 1
-                        req.tokens_since_flush += a + 1
+                if not preempted:
+                    req.computed += 1 + a  # the root token and the accepted drafts; the bonus is sampled
+                    if self.replay:
+                        if self.policy.flushes(req.steps_since_flush):
+                            req.steps_since_flush = req.tokens_since_flush = 0
+                        else:
+                            req.steps_since_flush += 1
+                            req.tokens_since_flush += a + 1
             else:
-                req.computed += n
-                emit = 1 if req.computed == req.num_tokens else 0  # the last prompt chunk samples a token
+                if not preempted:
+                    req.computed += n
+                emit = 1 if samples else 0  # a prompt chunk samples a token only when it is the last
             if not emit:
                 continue
             left = req.output - req.generated
@@ -164,13 +204,14 @@ class Engine:
                 req.first_token_s = now
             req.generated += emit
             req.token_times.append(now)
-            req.has_draft = spec_enabled  # the drafter ran over this request's new tokens
+            if not preempted:
+                req.has_draft = spec_enabled  # the drafter ran over this request's new tokens
             if req.generated >= req.output:
+                self.scheduler.finish(req)
                 req.status = Status.FINISHED
                 req.finish_s = now
-                self.scheduler.finish(req)
                 finished = True
-                if self.steps.trace:
+                if trace:
                     self.steps.events.append((now, "finish", req.rid))
                 self.on_done(req)
         if finished:
@@ -180,34 +221,58 @@ class Engine:
 def run_engine(specs: Sequence[RequestSpec], *, pool: Pool, policy: CommitPolicy, latency: LatencyModel,
                acceptance: AcceptanceModel, max_num_batched_tokens: int, max_num_seqs: int,
                admission: str = "full_prompt", arrivals: Sequence[float] | None = None,
-               max_concurrency: int | None = None, trace: bool = False) -> EngineResult:
-    """Simulate `specs` through one engine; `arrivals` are ready times (default: all at 0)."""
+               max_concurrency: int | None = None, trace: bool = False, engine: EngineConfig | None = None,
+               block_tokens: int | None = None, round_trip_s: float = 0.0) -> EngineResult:
+    """Simulate `specs` through one engine; `arrivals` are ready times (default: all at 0).
+
+    `engine` supplies the vLLM behaviours (async scheduling, draft truncation, mamba
+    cache mode; default: current vLLM's); `block_tokens` is the scheduler's block size
+    for align mode (default: the paged pool's attention block); `round_trip_s` the
+    client's time outside the engine per request (sim.client).
+    """
     if arrivals is not None and len(arrivals) != len(specs):
         raise ValueError(f"{len(arrivals)} arrival times for {len(specs)} requests")
     bad = next((s for s in specs if s.prompt_tokens < 1 or s.output_tokens < 1), None)
     if bad is not None:
         raise ConfigError(f"request {bad.request_id}: prompt_tokens and output_tokens must be >= 1 "
                           f"(got {bad.prompt_tokens} and {bad.output_tokens})")
+    engine = engine or EngineConfig()
     model = policy.model
     spec_on = model.mtp_depth > 0
+    mamba_mode = engine.resolved_mamba_cache_mode
+    align = 0
+    if mamba_mode == "align":
+        layout = getattr(pool, "layout", None)
+        align = block_tokens or (layout.attn_block_tokens if layout is not None else 0)
+        if not align:
+            raise ValueError("mamba cache mode 'align' needs block_tokens (the pool has no block layout)")
+        if align > max_num_batched_tokens:
+            raise ConfigError(f"engine.mamba_cache_mode 'align' needs max_num_batched_tokens ({max_num_batched_tokens}) "
+                              f">= the block size ({align} tokens), or no prefill chunk could ever start")
+    chain = all(w == 1 for w in policy.tree.widths)  # a tree cannot be cut to a budget
     env = simpy.Environment(initial_time=0.0)
     scheduler = Scheduler(
         pool, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
         verify_positions=policy.verify_positions if spec_on else 1,
         lookahead=model.mtp_depth, admission=admission, max_model_len=model.max_model_len,
+        async_scheduling=engine.async_scheduling, truncate_drafts=engine.truncate_drafts and chain,
+        align_tokens=align,
     )
     steps = StepLog(trace)
-    engine = Engine(env, scheduler, latency, policy, steps)
+    sim = Engine(env, scheduler, latency, policy, steps)
     times = [0.0] * len(specs) if arrivals is None else [float(t) for t in arrivals]
     requests = [Request(s, t, acceptance.stream(s.request_id, s.category) if spec_on else None)
                 for s, t in zip(specs, times)]
-    client = Client(env, requests, max_concurrency, engine.submit)
-    engine.on_done = client.on_done
+    client = Client(env, requests, max_concurrency, sim.submit, round_trip_s)
+    sim.on_done = client.on_done
     env.process(client.arrivals())
-    env.process(engine.run())
+    env.process(sim.run())
     env.run()
     unfinished = [r for r in requests if r.status not in (Status.FINISHED, Status.REJECTED)]
     if unfinished:
         raise RuntimeError(f"simulation ended with {len(unfinished)} unfinished requests, e.g. {unfinished[0]}")
-    return EngineResult(requests, steps, env.now, pool)
-
+    # The benchmark's duration ends at the last response; a discarded async step may run past it.
+    end = max((r.finish_s if r.finish_s is not None else r.send_s or 0.0 for r in requests), default=0.0)
+    semantics = {"async_scheduling": engine.async_scheduling, "truncate_drafts": scheduler.truncate_drafts,
+                 "mamba_cache_mode": mamba_mode, "align_block_tokens": align, "client_round_trip_s": round_trip_s}
+    return EngineResult(requests, steps, end, pool, semantics)

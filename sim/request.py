@@ -4,7 +4,10 @@ Token accounting follows vLLM v1: `num_tokens` = prompt + generated tokens; a
 decoding request has computed every token but the last sampled one
 (`computed == num_tokens - 1`), so it schedules 1 token, or 1 + N verify positions
 when it holds a draft. Preemption by recompute resets `computed` to 0 and keeps the
-generated tokens, so the next prefill covers prompt + generated tokens.
+generated tokens, so the next prefill covers prompt + generated tokens. Under async
+scheduling the next step is planned while one runs: its tokens count as computed for
+planning (`computed + inflight`, vLLM's optimistic `num_computed_tokens`) and become
+`computed` when its outputs are processed.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ class Request:
     __slots__ = (
         "spec", "rid", "prompt", "output", "category",
         "arrival_s", "send_s", "status", "reject_reason",
-        "computed", "generated", "units", "has_draft",
+        "computed", "generated", "units", "has_draft", "inflight",
         "preemptions", "enqueued_s", "waiting_s", "waited_for_memory", "memory_epoch",
         "first_scheduled_s", "first_token_s", "finish_s", "token_times",
         "spec_steps", "spec_tokens", "acceptance",
@@ -52,6 +55,7 @@ class Request:
         self.generated = 0  # output tokens emitted
         self.units = 0  # pool units held (blocks, or bytes for the ideal allocator)
         self.has_draft = False  # the drafter ran after this request's last sample
+        self.inflight = 0  # tokens scheduled in steps whose outputs are not processed yet (async scheduling)
         self.preemptions = 0
         self.enqueued_s = 0.0  # last time it entered the waiting queue
         self.waiting_s = 0.0  # total time in the engine's waiting queue

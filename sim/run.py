@@ -72,6 +72,7 @@ def simulate(cfg: RunConfig, out_dir: Path | None = None) -> dict[str, Any]:
         max_num_batched_tokens=eng.max_num_batched_tokens or hw.max_num_batched_tokens,
         max_num_seqs=eng.max_num_seqs or hw.max_num_seqs, admission=eng.admission,
         arrivals=arrivals, max_concurrency=cfg.client.max_concurrency, trace=cfg.trace_steps,
+        engine=eng, block_tokens=layout.attn_block_tokens, round_trip_s=cfg.client.round_trip_s,
     )
     summary = {
         "model": model.name, "hardware": hw.name, "policy": cfg.policy, "tree": str(policy.tree),
@@ -90,6 +91,7 @@ def simulate(cfg: RunConfig, out_dir: Path | None = None) -> dict[str, Any]:
         "state_blocks_per_request": layout.state_blocks,
         "pool_bytes": budget.pool_bytes,
         "activation_source": budget.activation_source,
+        **result.semantics,  # the engine behaviours used (docs/engine.md)
     }
     if out_dir is not None:
         write_outputs(Path(out_dir), cfg, summary, result, hw)

@@ -1,17 +1,31 @@
-"""vLLM-v1-style scheduling of one engine step (DESIGN.md section 5).
+"""vLLM-v1-style scheduling of one engine step (DESIGN.md section 5, docs/engine.md).
 
 Running requests first, in list order, then waiting ones FCFS, all under one token
 budget (`max_num_batched_tokens`): chunked prefill. A decoding request that holds a
-draft schedules its 1 + N verify positions, or 1 token when the whole tree does not
-fit the remaining budget (a tree cannot be truncated). Every request also gets K
-lookahead KV slots for the drafter. When a running request cannot get its blocks,
-the newest running request is preempted (recompute: blocks freed, computed tokens
-reset, put at the front of the waiting queue) until the allocation fits or the
-request itself was preempted. No waiting request is admitted in a step that
-preempted. Admission needs blocks for the whole prompt (vLLM 0.33; option: the first
-chunk only) plus lookahead slots and the GDN state blocks, and fewer than
+draft schedules its 1 + N verify positions. When the budget left is shorter, a chain
+draft is truncated to the budget (vLLM's `spec_token_ids[:num_scheduled_spec_tokens]`)
+or, with `truncate_drafts` off or a tree (which cannot be cut), the request schedules
+1 token. Every request also gets K lookahead KV slots for the drafter once it has
+computed tokens. When a running request cannot get its blocks, the newest running
+request is preempted (recompute: blocks freed, computed tokens reset, put at the
+front of the waiting queue) until the allocation fits or the request itself was
+preempted. No waiting request is admitted in a step that preempted. Admission needs
+blocks for the whole sequence, `min(num_tokens, max_model_len)` without lookahead
+(vLLM's `full_sequence_must_fit`; option: the first chunk only), and fewer than
 `max_num_seqs` running requests. The whole-prompt rule is a check, not a
 reservation: only the scheduled chunk's blocks are allocated, as in vLLM.
+
+Mamba cache mode "align" (prefix caching on a hybrid model): a prefill chunk ends on
+a block boundary (vLLM's `_mamba_block_aligned_split`), so a budget left over that is
+smaller than one block starts no chunk: a running request is skipped, the waiting
+queue stops.
+
+Async scheduling: the step after the one in flight is planned before the in-flight
+step's outputs are known. The in-flight tokens count as computed (vLLM advances
+`num_computed_tokens` at schedule time, `Request.inflight` here); a request whose
+in-flight step samples is scheduled another verify on placeholder drafts unless that
+step surely ends it (one more token reaches its output length); a request not
+scheduled in the previous plan has no draft (vLLM drops unused placeholders).
 """
 from __future__ import annotations
 
@@ -31,7 +45,8 @@ class StepPlan:
 
     reqs: list[Request] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)  # target tokens scheduled per request
-    spec: list[bool] = field(default_factory=list)  # verifies a draft tree this step
+    spec: list[bool] = field(default_factory=list)  # verifies a draft this step (tokens - 1 drafts)
+    samples: list[bool] = field(default_factory=list)  # the step reaches the request's last known token
     preempted: list[Request] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
     context_tokens: int = 0  # sum of computed tokens of the scheduled requests
@@ -40,9 +55,14 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, pool: Pool, *, max_num_batched_tokens: int, max_num_seqs: int, verify_positions: int,
-                 lookahead: int, admission: str, max_model_len: int) -> None:
+                 lookahead: int, admission: str, max_model_len: int, async_scheduling: bool = False,
+                 truncate_drafts: bool = False, align_tokens: int = 0) -> None:
+        """`truncate_drafts` only for a chain draft; `align_tokens`: the block size of mamba cache
+        mode "align" (0: chunks are not aligned)."""
         if admission not in ("full_prompt", "first_chunk"):
             raise ValueError(f"engine.admission must be 'full_prompt' or 'first_chunk', got {admission!r}")
+        if align_tokens < 0:
+            raise ValueError(f"align_tokens must be >= 0, got {align_tokens}")
         self.pool = pool
         self.max_tokens = max_num_batched_tokens
         self.max_seqs = max_num_seqs
@@ -50,6 +70,12 @@ class Scheduler:
         self.lookahead = lookahead
         self.full_prompt = admission == "full_prompt"
         self.max_model_len = max_model_len
+        self.async_scheduling = async_scheduling
+        self.truncate_drafts = truncate_drafts
+        self.align_tokens = align_tokens
+        # MTP is an EAGLE-style drafter (vLLM `use_eagle()`): align mode keeps the last
+        # cached block one block further back (`_mamba_block_aligned_split`'s eagle prune).
+        self.eagle_prune = lookahead > 0
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
         self.memory_blocked_steps = 0  # steps that preempted, or whose queue head could not get its blocks
@@ -83,10 +109,30 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            remaining = req.prompt + req.generated - req.computed
-            spec = remaining == 1 and req.has_draft and vp > 1 and vp <= budget
-            n = vp if spec else min(remaining, budget)
-            need = pool.units_for(req.computed + n + la) - req.units
+            computed = req.computed + req.inflight  # vLLM's num_computed_tokens
+            if req.inflight and computed >= req.num_tokens:
+                # Its in-flight step samples and its output is not known yet.
+                if req.generated + 1 >= req.output:
+                    i += 1  # that step surely finishes it: no extra step
+                    continue
+                remaining, draft = 1, True  # the in-flight step's drafter fills the placeholders
+            else:
+                remaining, draft = req.num_tokens - computed, req.has_draft and not self.async_scheduling
+            spec = False
+            if remaining == 1 and draft and vp > 1:
+                if vp <= budget:
+                    n, spec = vp, True
+                elif self.truncate_drafts:
+                    n = budget
+                    spec = n > 1
+                else:
+                    n = 1
+            else:
+                n = self._chunk(req, computed, min(remaining, budget))
+                if n == 0:
+                    i += 1  # align mode: no aligned chunk fits the budget left; later requests may
+                    continue
+            need = pool.units_for(computed + n + la) - req.units
             scheduled = True
             while need > pool.free:
                 victim = running.pop()
@@ -100,7 +146,7 @@ class Scheduler:
             if need > 0:
                 pool.take(need)
                 req.units += need
-            self._add(plan, req, n, spec)
+            self._add(plan, req, computed, n, spec)
             budget -= n
             i += 1
 
@@ -110,13 +156,16 @@ class Scheduler:
         waiting = self.waiting
         while waiting and budget > 0 and len(running) < self.max_seqs:
             req = waiting[0]
-            total = req.prompt + req.generated  # a preempted request recomputes its outputs too
-            n = min(total, budget)
-            check = pool.units_for((total if self.full_prompt else n) + la)
+            total = req.num_tokens  # a preempted request recomputes its outputs too
+            n = self._chunk(req, 0, min(total, budget))
+            if n == 0:
+                break
+            # Lookahead slots only once the request has computed tokens (vLLM's effective_lookahead_tokens).
+            need = pool.units_for(n)
+            check = pool.units_for(min(total, self.max_model_len)) if self.full_prompt else need
             if check > pool.free:
                 self.memory_blocked_steps += 1
                 break
-            need = pool.units_for(n + la)
             pool.take(need)
             req.units = need
             waiting.popleft()
@@ -128,23 +177,41 @@ class Scheduler:
                 req.first_scheduled_s = now
             running.append(req)
             plan.admitted.append(req)
-            self._add(plan, req, n, False)
+            self._add(plan, req, 0, n, False)
             budget -= n
         return plan
 
+    def _chunk(self, req: Request, computed: int, n: int) -> int:
+        """The prefill chunk of at most `n` tokens that align mode allows (vLLM `_mamba_block_aligned_split`)."""
+        block = self.align_tokens
+        if not block or computed >= max(req.prompt, req.num_tokens - 1):  # not a prefill
+            return n
+        last = req.num_tokens - req.num_tokens % block  # the last block boundary, whose state is cached
+        if self.eagle_prune:
+            last = max(last - block, 0)
+        after = computed + n
+        if after < last:
+            return n // block * block
+        if computed < last < after:
+            return last - computed  # stop on the last boundary so its state is cached
+        return n  # the tail after the last boundary
+
     @staticmethod
-    def _add(plan: StepPlan, req: Request, n: int, spec: bool) -> None:
+    def _add(plan: StepPlan, req: Request, computed: int, n: int, spec: bool) -> None:
         plan.reqs.append(req)
         plan.tokens.append(n)
         plan.spec.append(spec)
-        plan.context_tokens += req.computed
-        if req.computed > plan.max_context:
-            plan.max_context = req.computed
+        plan.samples.append(spec or computed + n >= req.num_tokens)
+        req.inflight += n
+        plan.context_tokens += computed
+        if computed > plan.max_context:
+            plan.max_context = computed
 
     def _preempt(self, req: Request, now: float) -> None:
         self.pool.give(req.units)
         req.units = 0
         req.computed = 0
+        req.inflight = 0  # an in-flight step still delivers its sampled tokens; its KV is recomputed
         req.has_draft = False
         req.preemptions += 1
         req.waited_for_memory = True
@@ -157,6 +224,11 @@ class Scheduler:
         self.preemptions += 1
 
     def finish(self, req: Request) -> None:
-        """Free a finished request's blocks (the caller removes it from `running`)."""
+        """Free a finished request's blocks (the caller removes it from `running`).
+
+        Under async scheduling a request preempted while its last step ran finishes from
+        the waiting queue (vLLM's `stopped_preempted_reqs`)."""
+        if req.status is Status.WAITING:
+            self.waiting.remove(req)
         self.pool.give(req.units)
         req.units = 0

@@ -407,15 +407,12 @@ def run_variants(copy_bw: float, out: Path, deadline: float, names: tuple[str, .
                 skipped.append(f"variant {name}: not run (time budget)")
                 continue
             try:
-                errs = check_tuning(tuning, hk, hv, D, DEVICE, exact_outputs=False)
+                errs = check_tuning(tuning, hk, hv, D, DEVICE)
             except Exception as exc:  # one broken variant must not stop the others
                 print(f"variant {name}: check failed to run: {type(exc).__name__}: {exc}", flush=True)
                 skipped.append(f"variant {name}: check raised {type(exc).__name__}: {exc}")
-                _recover()
                 continue
-            # states in float32 (~1e-7 when right); outputs in bf16 against the rounded reference
-            ok = max(errs["reconstruct_state"], errs["deferred_state"]) < 1e-5 and \
-                max(errs["reconstruct_o"], errs["deferred_o"]) < 1e-2
+            ok = all(e < 1e-4 for e in errs.values())
             print(f"variant {name} ({tuning.label()}): check {'ok' if ok else 'FAILED'} "
                   + " ".join(f"{k}={v:.1e}" for k, v in errs.items()), flush=True)
             if not ok:
