@@ -1,10 +1,12 @@
-"""`specsim calibrate {measure,merge,validate}`.
+"""`specsim calibrate {measure,merge,validate,replay}`.
 
   measure   time the layer tables, memory and whole-step check on this machine's GPU
             (`make calibrate GPU_PY=python3`): one command recalibrates a GPU
   merge     copy a measurement directory (e.g. one fetched from the device machine)
             into results/calibration/<gpu>/, appending its provenance
   validate  held-out interpolation error and whole-step error of the latency model
+  replay    execute the steps of simulator runs (steps.csv) with the whole model on this
+            machine's GPU; measured vs predicted step times, and the host costs (host.csv)
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import shutil
 import tarfile
 from pathlib import Path
 
-from core.config import REPO_ROOT, ConfigError, load_hardware, load_model, model_names
+from core.config import REPO_ROOT, ConfigError, load_hardware, load_model, load_policy, model_names
 from calibrate import provenance
 from calibrate.grid import ALL_JOBS, jobs_for_part
 
@@ -46,6 +48,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     v.add_argument("--holdout", type=float, default=0.2)
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--json", action="store_true")
+
+    r = sub.add_parser("replay", help="execute traced simulator steps on this GPU: measured vs predicted")
+    r.add_argument("--steps", type=Path, action="append", default=[],
+                   help="RUN/steps.csv from `specsim run --trace-steps` (repeatable; one model per call)")
+    r.add_argument("--gpu", required=True, help="hardware config name (e.g. h200)")
+    r.add_argument("--out", type=Path, default=None, help="output root (default: the GPU's calibration_dir)")
+    r.add_argument("--smoke", action="store_true", help="2-layer model on synthetic steps of every kind (< 60 s)")
+    r.add_argument("--max-steps", type=int, default=None, help="at most this many steps in all, spread over each run")
+    r.add_argument("--time-budget-s", type=float, default=None, help="stop replaying steps after this many seconds")
+    r.add_argument("--reps", type=int, default=3, help="timed runs per step (median reported)")
+    r.add_argument("--warmup", type=int, default=1, help="untimed runs per step first (graph capture, autotune)")
+    r.add_argument("--mode", default="vllm", help="vllm (FULL/PIECEWISE/eager by vLLM's rule), eager, or graph")
+    r.add_argument("--kv-pool-gb", type=float, default=24.0, help="cap on the paged KV pool")
+    r.add_argument("--no-host", action="store_true", help="skip the host-cost measurement (host.csv)")
+    r.add_argument("--model", default=None, help="--smoke without --steps: model config name")
+    r.add_argument("--policy", default="store_all", help="--smoke without --steps: policy config name")
+    r.add_argument("--device", default="cuda")
+    r.add_argument("--git-commit", default=None)
+    r.add_argument("--summarize", type=Path, default=None, metavar="DIR",
+                   help="no GPU: re-price DIR/replay_steps.csv with today's latency model (and the old eager "
+                        "sum) from the --steps files, and rewrite DIR/replay_summary.json")
 
 
 def _calib_root(gpu: str) -> Path:
@@ -109,7 +132,7 @@ def _merge(args: argparse.Namespace) -> int:
         target.mkdir(parents=True, exist_ok=True)
         new = provenance.read(d / "provenance.json")
         for f in d.iterdir():
-            if f.suffix in (".csv",) or f.name == "memory.json":
+            if f.suffix in (".csv",) or f.name in ("memory.json", "replay_summary.json", "replay_check.json"):
                 shutil.copy2(f, target / f.name)
         for part in new.get("parts", []):
             if args.device_time_s:  # the whole device call's time (machine start included), shared by its models
@@ -160,5 +183,46 @@ def _validate(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from calibrate import replay as R
+    from calibrate.graphs import MODES
+
+    if args.mode not in MODES:
+        raise ConfigError(f"--mode must be one of {', '.join(MODES)}; got {args.mode!r}")
+    for name, v in (("--max-steps", args.max_steps), ("--reps", args.reps)):
+        if v is not None and v < 1:
+            raise ConfigError(f"{name} must be >= 1, got {v}")
+    if args.warmup < 0:
+        raise ConfigError(f"--warmup must be >= 0, got {args.warmup}")
+    if not args.steps and not args.smoke:
+        raise ConfigError("--steps RUN/steps.csv is required (or --smoke)")
+    load_hardware(args.gpu)
+    if args.model:
+        load_model(args.model)
+    load_policy(args.policy)
+    if args.summarize:
+        from sim.step_trace import StepTraceError
+
+        try:
+            runs = {(run := R.load_run(p)).name: run for p in args.steps}
+        except StepTraceError as e:
+            raise ConfigError(str(e)) from None
+        rows = R.read_replay_rows(args.summarize / "replay_steps.csv")
+        R.reprice(rows, runs, args.gpu, print)
+        R.write_outputs(args.summarize, rows)
+        print(json.dumps(R.summarize(rows), indent=2))
+        return 0
+    from sim.step_trace import StepTraceError
+
+    try:
+        return R.replay(args.steps, args.gpu, args.out or _calib_root(args.gpu), smoke=args.smoke,
+                        max_steps=args.max_steps, time_budget_s=args.time_budget_s, reps=args.reps,
+                        warmup=args.warmup, mode=args.mode, kv_pool_gb=args.kv_pool_gb, host=not args.no_host,
+                        model_name=args.model, policy_name=args.policy, device=args.device,
+                        commit=args.git_commit or provenance.git_commit())
+    except StepTraceError as e:
+        raise ConfigError(str(e)) from None
+
+
 def main(args: argparse.Namespace) -> int:
-    return {"measure": _measure, "merge": _merge, "validate": _validate}[args.action](args)
+    return {"measure": _measure, "merge": _merge, "validate": _validate, "replay": _replay}[args.action](args)

@@ -185,9 +185,9 @@ def store_all_verify(x: torch.Tensor, weight: torch.Tensor, parent: torch.Tensor
     return y, ConvStates(states, conv_state, lengths_or_full(lengths, *parent.shape, x.device))
 
 
-def store_all_commit(ctx: ConvStates, accepted: torch.Tensor) -> torch.Tensor:
+def store_all_commit(ctx: ConvStates, accepted: torch.Tensor, check: bool = True) -> torch.Tensor:
     B = ctx.conv_state.shape[0]
-    check_accepted(accepted, ctx.lengths, B)
+    check_accepted(accepted, ctx.lengths, B, values=check)
     ctx.conv_state.copy_(ctx.states[torch.arange(B, device=accepted.device), accepted.long()])
     return ctx.conv_state
 
@@ -209,8 +209,8 @@ def reconstruct_verify(x: torch.Tensor, weight: torch.Tensor, parent: torch.Tens
     return y, ConvPath(x, parent, conv_state, lengths_or_full(lengths, *parent.shape, x.device))
 
 
-def reconstruct_commit(ctx: ConvPath, accepted: torch.Tensor) -> torch.Tensor:
-    check_accepted(accepted, ctx.lengths, ctx.conv_state.shape[0])
+def reconstruct_commit(ctx: ConvPath, accepted: torch.Tensor, check: bool = True) -> torch.Tensor:
+    check_accepted(accepted, ctx.lengths, ctx.conv_state.shape[0], values=check)
     return path_window(ctx.x, ctx.parent, ctx.conv_state, accepted, out=ctx.conv_state)
 
 
@@ -258,10 +258,11 @@ def replay_verify(x: torch.Tensor, weight: torch.Tensor, parent: torch.Tensor, c
     return y, ReplayConvCtx(rs, xc, pc, lengths)
 
 
-def replay_commit(ctx: ReplayConvCtx, accepted: torch.Tensor) -> ReplayConvState:
+def replay_commit(ctx: ReplayConvCtx, accepted: torch.Tensor, check: bool = True) -> ReplayConvState:
+    """check=False skips the value checks, which read device tensors back (a host sync)."""
     rs = ctx.rs
     B, cap = rs.x.shape[:2]
-    check_accepted(accepted, ctx.lengths, B)
+    check_accepted(accepted, ctx.lengths, B, values=check)
     rs.steps += 1
     if rs.steps >= rs.flush_interval:
         path_window(ctx.x, ctx.parent, rs.conv_state, accepted, out=rs.conv_state, offset=cap)
@@ -272,7 +273,7 @@ def replay_commit(ctx: ReplayConvCtx, accepted: torch.Tensor) -> ReplayConvState
     plen = torch.empty(B, dtype=torch.int32, device=accepted.device)
     _append_kernel[(B, triton.cdiv(C, BCH))](ctx.x, ctx.parent, accepted.to(torch.int32), rs.count, rs.x, plen,
                                             ctx.x.shape[1], C, cap, BCH=BCH, num_warps=4)
-    if not capturing() and bool((rs.count + plen > cap).any()):
+    if check and not capturing() and bool((rs.count + plen > cap).any()):
         raise ValueError(f"replay conv cache overflow: {cap} slots per sequence; check flush_interval and max_path")
     rs.count += plen
     return rs

@@ -1,0 +1,757 @@
+"""The whole model on one GPU at real shapes (random bf16 weights), running steps the way vLLM does.
+
+A step is a list of requests (`prefill` tokens after `context` cached ones, or a decode
+verifying a draft `tree` of which `accepted` positions are kept). `Executor.run` does
+what vLLM's engine loop does for it, with no synchronisation until the sampled tokens
+reach the host:
+  host prep   positions, block tables and slot mapping from a paged pool laid out as
+              `specsim memory` lays it out (sim.budget: attention block size), GDN state
+              slots; one pinned host-to-device copy per dtype;
+  target      embedding, then per layer a dense piece and a core: attention cores are one
+              paged-attention launch for all requests (KV write included); GDN cores are
+              the conv + ONE varlen fla `chunk_gated_delta_rule` call for all prefill
+              sequences, and the policy's conv verify + verify kernel for all decoding
+              requests in one call each, then their commits with the step's accepted
+              lengths; MoE after every layer;
+  sampling    LM head on the sampled rows (every verify position, each prefill's last
+              token), greedy acceptance against the drafts on the GPU;
+  drafter     the MTP layer's K passes (the first over all target tokens, then one token
+              per request) with their LM-head rows;
+  finish      sampled tokens, accepted counts and drafts copied to the host.
+Dense pieces run as CUDA graphs per calibrate.graphs' dispatch (FULL / PIECEWISE /
+EAGER). Requests of a step take consecutive pool blocks and state slots (decodes
+first, then prefills, as vLLM orders a batch): the contents are random, only the
+memory traffic and launches are real.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, replace
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from calibrate import layers as L
+from calibrate.graphs import EAGER, FULL, PIECEWISE, GraphCache, Plan, plan
+from calibrate.shapes import LayerShapes
+from core.config import ModelConfig, PolicyConfig
+from policies import make_policy
+from policies.tree import DraftTree
+from sim.step_trace import step_shape
+
+DUMMY_BLOCK = 0  # pool block that padded requests of a full graph point at (never given to a request)
+POSITIONS_MAX = 128  # verify positions of one request, replayed history included (treewy.MAX_POSITIONS)
+
+
+class StepRequest(Protocol):
+    """One request of a step (sim.step_trace.TracedRequest has these fields)."""
+    rid: int
+    prefill: int
+    context: int
+    tree: tuple[int, ...]
+    accepted: int
+
+
+# ------------------------------------------------------------------ host-side layout
+@functools.lru_cache(maxsize=None)
+def verify_positions(tree: tuple[int, ...]) -> int:
+    """Query tokens of a decode request: the root plus every draft node (1 without a tree)."""
+    return DraftTree(tuple(tree)).verify_positions if tree else 1
+
+
+@functools.lru_cache(maxsize=None)
+def accepted_node(tree: tuple[int, ...], accepted: int) -> int:
+    """Index (BFS order) of the deepest accepted node when `accepted` positions (bonus token
+    included) are kept along the first path of the tree: the first node of depth accepted - 1."""
+    depth = max(0, accepted - 1)
+    if not tree:
+        return 0
+    per = DraftTree(tuple(tree)).nodes_per_depth
+    depth = min(depth, len(per))
+    return 0 if depth == 0 else 1 + sum(per[:depth - 1])
+
+
+@functools.lru_cache(maxsize=None)
+def tree_parents(tree: tuple[int, ...]) -> tuple[int, ...]:
+    return DraftTree(tuple(tree)).parents if tree else (-1,)
+
+
+@dataclass
+class Layout:
+    """Where one step's requests and tokens go (numpy, no torch): batch order is decodes first."""
+    order: list  # the requests, decodes then prefills
+    num_decodes: int
+    q_lens: np.ndarray  # query tokens per request
+    contexts: np.ndarray
+    seq_lens: np.ndarray  # keys each request attends to this step (its own tokens included)
+    cu_q: np.ndarray  # [R + 1]
+    positions: np.ndarray  # [n] per token
+    block_start: np.ndarray  # [R] first pool block of each request (its blocks are consecutive)
+    blocks: np.ndarray  # [R] blocks each request holds
+    slots: np.ndarray  # [n] KV slot of each token
+    positions_max: int  # widest decode (verify positions); 0 without decodes
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.cu_q[-1])
+
+    @property
+    def decode_tokens(self) -> int:
+        return int(self.cu_q[self.num_decodes])
+
+
+def layout(requests: Sequence[StepRequest], block_size: int, num_blocks: int, lookahead: int) -> Layout:
+    """Block tables and slots for one step. Each request takes ceil((seq_len + lookahead) /
+    block_size) consecutive blocks from block 1 on (the drafter writes `lookahead` tokens
+    past the step); ids wrap around the pool (blocks 1..num_blocks-1) if a step needs more."""
+    if not requests:
+        raise ValueError("a step needs at least one request")
+    for r in requests:
+        if r.prefill < 0 or r.context < 0:
+            raise ValueError(f"request {r.rid}: prefill and context must be >= 0, got {r.prefill}, {r.context}")
+    order = [r for r in requests if r.prefill == 0] + [r for r in requests if r.prefill > 0]
+    nd = sum(1 for r in requests if r.prefill == 0)
+    q = np.array([verify_positions(tuple(r.tree)) if r.prefill == 0 else r.prefill for r in order], dtype=np.int64)
+    ctx = np.array([r.context for r in order], dtype=np.int64)
+    seq = ctx + q
+    cu = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(q, out=cu[1:])
+    n = int(cu[-1])
+    req_of = np.repeat(np.arange(len(order)), q)
+    pos = ctx[req_of] + np.arange(n) - cu[:-1][req_of]
+    blocks = -(-(seq + lookahead) // block_size)
+    usable = num_blocks - 1
+    if usable < 1:
+        raise ValueError(f"the KV pool needs at least 2 blocks, has {num_blocks}")
+    start = np.zeros(len(order), dtype=np.int64)
+    np.cumsum(blocks[:-1], out=start[1:])
+    slots = ((start[req_of] + pos // block_size) % usable + 1) * block_size + pos % block_size
+    widest = int(q[:nd].max()) if nd else 0
+    return Layout(order, nd, q, ctx, seq, cu, pos, start % usable + 1, blocks, slots, widest)
+
+
+def block_tables(lay: Layout, width: int, num_blocks: int) -> np.ndarray:
+    """[R, width] block ids per request, padded with the dummy block."""
+    if int(lay.blocks.max()) > width:
+        raise ValueError(f"a request needs {int(lay.blocks.max())} blocks, the table holds {width}")
+    col = np.arange(width)[None, :]
+    ids = (lay.block_start[:, None] - 1 + col) % (num_blocks - 1) + 1
+    return np.where(col < lay.blocks[:, None], ids, DUMMY_BLOCK)
+
+
+# ------------------------------------------------------------------ packed metadata
+class Packed:
+    """Named int fields in one host buffer (pinned on CUDA) mirrored by one device buffer:
+    one copy per step uploads them all, and device views keep fixed addresses for graphs."""
+
+    def __init__(self, sizes: dict[str, int], dtype: torch.dtype, device: torch.device) -> None:
+        self.offsets: dict[str, tuple[int, int]] = {}
+        o = 0
+        for name, n in sizes.items():
+            self.offsets[name] = (o, n)
+            o += n
+        pin = device.type == "cuda"
+        self.host = torch.zeros(o, dtype=dtype, pin_memory=pin)
+        self.np = self.host.numpy()
+        self.dev = torch.zeros(o, dtype=dtype, device=device)
+
+    def h(self, name: str) -> np.ndarray:
+        o, n = self.offsets[name]
+        return self.np[o:o + n]
+
+    def d(self, name: str, n: int | None = None) -> torch.Tensor:
+        o, size = self.offsets[name]
+        return self.dev[o:o + (size if n is None else n)]
+
+    def upload(self) -> None:
+        self.dev.copy_(self.host, non_blocking=True)
+
+
+# ------------------------------------------------------------------ weights
+@dataclass
+class Weights:
+    embed: torch.Tensor
+    head: L.HeadWeights
+    layers: list  # per layer: L.GDNWeights or L.AttnWeights
+    conv: list  # per layer: the GDN conv weight as [channels, kernel] (the kernels' layout), or None
+    moe: list[L.MoEWeights]
+    mtp: L.MTPWeights
+    mtp_attn: L.AttnWeights
+    mtp_moe: L.MoEWeights
+
+    @classmethod
+    def build(cls, s: LayerShapes, kinds: list[str], device: torch.device) -> "Weights":
+        """Random bf16 weights made on the device (never on the host): 70 GB for 35B-A3B."""
+        layers, conv = [], []
+        for kind in kinds:
+            if kind == "gdn":
+                w = L.gdn_weights(s, device)
+                layers.append(w)
+                conv.append(w.conv.t().contiguous())
+            else:
+                layers.append(L.attn_weights(s, device))
+                conv.append(None)
+        return cls(embed=L._w(s.vocab, s.hidden, device=device), head=L.head_weights(s, device), layers=layers,
+                   conv=conv, moe=[L.moe_weights(s, device) for _ in kinds], mtp=L.mtp_weights(s, device),
+                   mtp_attn=L.attn_weights(s, device), mtp_moe=L.moe_weights(s, device))
+
+
+# ------------------------------------------------------------------ GDN kernels
+def load_policy_kernels(policy: str) -> tuple[object, Callable, Callable]:
+    """The policy's SSM verify/commit module and its conv verify/commit (policies.kernels)."""
+    import importlib
+
+    from policies.kernels import conv
+
+    mod = importlib.import_module(f"policies.kernels.{policy}")
+    return mod, getattr(conv, f"{policy}_verify"), getattr(conv, f"{policy}_commit")
+
+
+def load_fla() -> tuple[Callable | None, Callable | None]:
+    """fla's varlen chunked gated delta rule and causal conv1d (vLLM's GDN prefill kernels)."""
+    from calibrate.run import load_fla_chunk
+
+    try:
+        from fla.modules.causal_conv1d import causal_conv1d
+    except ImportError:
+        causal_conv1d = None
+    return load_fla_chunk(), causal_conv1d
+
+
+# ------------------------------------------------------------------ the executor
+@dataclass
+class StepOutput:
+    tokens: list[int]  # sampled target tokens (every verify position, each prefill's last token)
+    accepted: list[int]  # greedy acceptance per decode request (random weights: not the traced one)
+    drafts: list[list[int]]  # per drafter pass, one token per request
+    kind: str  # sim.dispatch.STEP_KINDS, as vLLM's rule classifies the step
+    mode: str  # FULL, PIECEWISE or EAGER
+    padded_tokens: int
+
+
+@dataclass
+class Step:
+    """One prepared step: its layout, dispatch and the sizes its launches use."""
+    lay: Layout
+    d: Plan
+    n: int  # tokens the cores process (padded in a full graph)
+    R: int  # requests (padded in a full graph)
+    B: int  # decode requests (padded in a full graph)
+    T: int  # verify positions per decode (the widest when ragged)
+    P: int  # prefill sequences
+    ragged: bool  # decodes of different widths: verify runs on a padded copy
+    pf_cu_cpu: torch.Tensor | None
+    n_logits: int
+    max_q: int
+    flush: bool
+    how: str  # the graphs.MODES rule the step runs under (the drafter's later passes follow it)
+
+
+class Executor:
+    """Buffers, pools and the step function of one model under one policy on one device."""
+
+    def __init__(self, model: ModelConfig, policy: PolicyConfig, *, device: torch.device, max_requests: int,
+                 max_context: int, max_num_seqs: int, max_num_batched_tokens: int, block_size: int,
+                 kv_pool_bytes: int, mode: str = "vllm", kinds: list[str] | None = None,
+                 shapes: LayerShapes | None = None, weights: Weights | None = None,
+                 log: Callable[[str], None] = print) -> None:
+        s = self.s = shapes or LayerShapes.from_model(model)
+        self.device, self.log, self.policy = device, log, policy
+        self.graphs = GraphCache() if device.type == "cuda" and mode != "eager" else None
+        self.mode = mode if self.graphs is not None else "eager"
+        self.kinds = kinds or model.layer_pattern * (model.num_layers // len(model.layer_pattern))
+        self.tree = DraftTree(tuple(policy.draft_tree_widths))
+        # Uniform-decode query length, drafter passes, capture sizes and whether the policy's
+        # tree allows a full graph: what the simulator dispatched the traced steps with.
+        self.positions, self.depth, self.sizes, self.full_capturable = step_shape(
+            model, make_policy(model, policy), max_num_seqs, max_num_batched_tokens)
+        cap = self.sizes[-1] if self.sizes else 0
+        self.max_tokens = max(max_num_batched_tokens, cap) + 256  # room for --mode graph padding
+        # A full graph pads requests (up to cap / positions; --mode graph: 256 tokens more).
+        self.max_requests = max(max_requests + 256 // self.positions + 1, cap // self.positions)
+        self.block_size = block_size
+        self.state_dtype = torch.float32 if model.state_dtype_bytes == 4 else L.BF16
+        self.w = weights or Weights.build(s, self.kinds, device)
+        self._buffers(max_context, kv_pool_bytes)
+        self.verify_mod, self.conv_verify, self.conv_commit = load_policy_kernels(policy.mamba_state_commit)
+        self._replay_states()
+        self.chunk_fn, self.fla_conv = load_fla()
+        from calibrate.kernels.paged_attention import paged_attention, reshape_and_cache
+        self.paged_attention, self.reshape_and_cache = paged_attention, reshape_and_cache
+        self.full_failed: set[tuple] = set()  # full-graph keys whose capture failed: run piecewise
+
+    # -- setup
+    def _buffers(self, max_context: int, kv_pool_bytes: int) -> None:
+        s, d, N, R = self.s, self.device, self.max_tokens, self.max_requests
+        T = POSITIONS_MAX
+        self.table_width = -(-(max_context + self.depth + POSITIONS_MAX) // self.block_size) + 1
+        k = max(1, self.depth)
+        self.i64 = Packed({"ids": N, "positions": N, "slots": N, "logits_rows": N, "last_rows": R,
+                           "dec_rows": R * T, "dec_back": N, "pf_cu": R + 1, "pf_slots": R,
+                           "d_positions": k * R, "d_slots": k * R}, torch.int64, d)
+        self.i32 = Packed({"seq_lens": R, "cu_q": R + 1, "tables": R * self.table_width, "parent": R * T,
+                           "lengths": R, "accepted": R, "pf_init": R, "d_seq_lens": k * R, "d_cu": R + 1},
+                          torch.int32, d)
+        self.i32.h("d_cu")[:] = np.arange(R + 1)
+        z = dict(device=d, dtype=L.BF16)
+        self.x = torch.zeros(N, s.hidden, **z)  # the target's residual stream
+        self.gdn_proj = torch.zeros(N, s.gdn_in_features, **z)
+        self.gdn_o = torch.zeros(N, s.gdn_v_channels, **z)
+        self.q = torch.zeros(N, s.q_heads, s.head_dim, **z)
+        self.gate = torch.zeros(N, s.q_heads * s.head_dim, **z)
+        self.k = torch.zeros(N, s.kv_heads, s.head_dim, **z)
+        self.v = torch.zeros(N, s.kv_heads, s.head_dim, **z)
+        self.attn_o = torch.zeros(N, s.q_heads, s.head_dim, **z)
+        self.cos = torch.zeros(N, 1, s.rotary_dim // 2, **z)
+        self.sin = torch.zeros(N, 1, s.rotary_dim // 2, **z)
+        self.arange = torch.arange(R, device=d)
+        self.d_ids = torch.zeros(N, dtype=torch.int64, device=d)  # the drafter's inputs, one pass at a time
+        self.d_pos = torch.zeros(N, dtype=torch.int64, device=d)
+        self.d_hidden = torch.zeros(N, s.hidden, **z)  # the drafter's residual stream
+        self.out = torch.zeros(N + R + k * R, dtype=torch.int64, device=d)  # tokens | accepted | drafts
+        self.out_host = torch.zeros_like(self.out, device="cpu", pin_memory=d.type == "cuda")
+        # Paged KV pool: every attention layer plus the MTP layer, [blocks, block_size, kv_heads, D].
+        n_attn = self.kinds.count("attn") + 1
+        self.num_blocks = max(2, kv_pool_bytes // (n_attn * self.block_size * s.kv_bytes_per_token))
+        shape = (self.num_blocks, self.block_size, s.kv_heads, s.head_dim)
+        self.kv = [(torch.zeros(shape, **z), torch.zeros(shape, **z)) for _ in range(n_attn)]
+        # GDN pools, one state and conv window per slot and layer; requests take slots 1..
+        n_slots = R + 1
+        self.ssm = [torch.randn(n_slots, s.gdn_v_heads, s.head_v_dim, s.head_k_dim, device=d).mul_(0.1)
+                    .to(self.state_dtype) if kind == "gdn" else None for kind in self.kinds]
+        self.conv_pool = [torch.randn(n_slots, s.gdn_conv_channels, s.conv_kernel - 1, device=d).to(L.BF16)
+                          if kind == "gdn" else None for kind in self.kinds]
+
+    def _replay_states(self) -> None:
+        """replay keeps per slot a cache of accepted inputs beside the state (policies.kernels.replay)."""
+        self.rs, self.rcs = {}, {}
+        if self.policy.mamba_state_commit != "replay":
+            return
+        from policies.kernels.conv import ReplayConvState
+        from policies.kernels.replay import ReplayState
+
+        fi, path = self.policy.flush_interval, self.tree.depth + 1
+        for i, kind in enumerate(self.kinds):
+            if kind == "gdn":
+                self.rs[i] = ReplayState.start(self.ssm[i], fi, path, self.s.gdn_k_heads)
+                self.rcs[i] = ReplayConvState.start(self.conv_pool[i], fi, path, L.BF16)
+
+    def kernel_sources(self) -> dict[str, str]:
+        """Which implementation each core runs (a reference instead of a kernel makes timings moot)."""
+        def name(f: object) -> str:
+            return f"{getattr(f, '__module__', '?')}.{getattr(f, '__name__', type(f).__name__)}" if f else "none"
+        return {"paged_attention": name(self.paged_attention), "gdn_prefill": name(self.chunk_fn),
+                "gdn_prefill_conv": name(self.fla_conv), "verify": self.verify_mod.__name__,
+                "moe": name(L.moe_forward)}
+
+    def kv_pool_bytes(self) -> int:
+        return sum(2 * t[0].numel() * t[0].element_size() for t in self.kv)
+
+    # -- host prep
+    def prepare(self, requests: Sequence[StepRequest], flush: bool = False, mode: str | None = None) -> Step:
+        """Everything before the first launch: layout, metadata into the pinned buffers, one upload.
+        flush: the replay policy's commit writes the state back this step. mode: override --mode."""
+        lay = layout(requests, self.block_size, self.num_blocks, self.depth)
+        n, R, B = lay.num_tokens, len(lay.order), lay.num_decodes
+        if n > self.max_tokens - 256 or R > self.max_requests - 256 // self.positions - 1:
+            raise ValueError(f"step of {n} tokens / {R} requests exceeds the executor's sizes")
+        if lay.positions_max > POSITIONS_MAX:
+            raise ValueError(f"a decode of {lay.positions_max} verify positions exceeds {POSITIONS_MAX}")
+        d = plan(lay.q_lens.tolist(), [True] * B + [False] * (R - B), self.positions, self.sizes,
+                 self.full_capturable, mode or self.mode)
+        if d.mode != EAGER and self.graphs is None:
+            raise ValueError("graph modes need a CUDA device and an executor not built with mode='eager'")
+        if d.mode == FULL and (d.tokens, flush) in self.full_failed:
+            d = Plan(d.kind, PIECEWISE, d.tokens, R)
+        full = d.mode == FULL
+        # A full graph also runs its padded requests: dummy decodes on the dummy block.
+        Rr, Br, nr = (d.requests, d.requests, d.tokens) if full else (R, B, n)
+        T = lay.positions_max or 1
+        h64, h32 = self.i64.h, self.i32.h
+        rows = d.tokens if d.mode != EAGER else n
+        h64("ids")[:n] = lay.positions * 2654435761 % self.s.vocab  # any valid ids: the weights are random
+        h64("ids")[n:rows] = 0
+        h64("positions")[:n] = lay.positions
+        h64("positions")[n:rows] = 0
+        h64("slots")[:n] = lay.slots
+        h64("slots")[n:nr] = DUMMY_BLOCK * self.block_size + np.arange(nr - n) % T
+        h32("seq_lens")[:Rr] = np.concatenate([lay.seq_lens, np.full(Rr - R, T)])
+        h32("cu_q")[:Rr + 1] = np.concatenate([lay.cu_q, n + T * np.arange(1, Rr - R + 1)])
+        W = self.table_width
+        tables = h32("tables")[:Rr * W].reshape(Rr, W)
+        tables[:R] = block_tables(lay, W, self.num_blocks)
+        tables[R:] = DUMMY_BLOCK
+        if Br:
+            # Decodes: tree parents, lengths and the accepted node; padded ones copy the first.
+            trees = [tuple(r.tree) for r in lay.order[:B]]
+            trees += [trees[0]] * (Br - B)
+            par = h32("parent")[:Br * T].reshape(Br, T)
+            par[:] = -1
+            if len(set(trees)) == 1:
+                p = tree_parents(trees[0])
+                par[:, :len(p)] = p
+                h32("lengths")[:Br] = len(p)
+            else:
+                for b, t in enumerate(trees):
+                    p = tree_parents(t)
+                    par[b, :len(p)] = p
+                    h32("lengths")[b] = len(p)
+            h32("accepted")[:Br] = [accepted_node(t, r.accepted) for t, r in zip(trees, lay.order[:B])] + [0] * (Br - B)
+        ragged = B > 0 and not full and not bool((lay.q_lens[:B] == T).all())
+        if ragged:
+            # Pad each decode to T positions (padding reads its root row), and the way back.
+            t = np.arange(T)[None, :]
+            h64("dec_rows")[:B * T] = (lay.cu_q[:B, None] + np.where(t < lay.q_lens[:B, None], t, 0)).ravel()
+            req_of = np.repeat(np.arange(B), lay.q_lens[:B])
+            h64("dec_back")[:lay.decode_tokens] = req_of * T + np.arange(lay.decode_tokens) - lay.cu_q[:B][req_of]
+        # Prefills: one varlen call over slots B+1..R; a first chunk starts from a zero state.
+        P = R - B
+        pf_cu = lay.cu_q[B:] - lay.cu_q[B]
+        h64("pf_cu")[:P + 1] = pf_cu
+        h64("pf_slots")[:P] = np.arange(B + 1, R + 1)
+        h32("pf_init")[:P] = lay.contexts[B:] > 0
+        # Sampled rows: every verify position, then each prefill's last token.
+        nd = lay.decode_tokens
+        h64("logits_rows")[:nd] = np.arange(nd)
+        h64("logits_rows")[nd:nd + P] = lay.cu_q[B + 1:] - 1
+        h64("last_rows")[:Rr] = np.concatenate([lay.cu_q[1:] - 1, n - 1 + T * np.arange(1, Rr - R + 1)])
+        # Drafter passes 2..K: one token per request at the next positions.
+        seq_all = np.concatenate([lay.seq_lens, np.full(Rr - R, T)])
+        start = np.concatenate([lay.block_start, np.full(Rr - R, DUMMY_BLOCK)])
+        usable = self.num_blocks - 1
+        for j in range(1, self.depth):
+            pos = seq_all - 1 + j
+            blk = np.where(start > 0, (start - 1 + pos // self.block_size) % usable + 1, DUMMY_BLOCK)
+            h64("d_positions")[(j - 1) * Rr:j * Rr] = pos
+            h64("d_slots")[(j - 1) * Rr:j * Rr] = blk * self.block_size + pos % self.block_size
+            h32("d_seq_lens")[(j - 1) * Rr:j * Rr] = seq_all + j
+        self.i64.upload()
+        self.i32.upload()
+        return Step(lay=lay, d=d, n=nr if full else n, R=Rr, B=Br, T=T, P=P, ragged=ragged,
+                    pf_cu_cpu=torch.from_numpy(pf_cu) if P else None, n_logits=nd + P,
+                    max_q=T if full else int(lay.q_lens.max()), flush=flush, how=mode or self.mode)
+
+    # -- dense pieces (each works on the first n rows of the static buffers)
+    def _rope(self, positions: torch.Tensor, n: int) -> None:
+        cos, sin = L.rope_tables(positions[:n], self.s.rotary_dim)
+        self.cos[:n].copy_(cos)
+        self.sin[:n].copy_(sin)
+
+    def pre(self, i: int, n: int, x: torch.Tensor) -> None:
+        """Layer i's half before its core (i = -1: the MTP layer's attention)."""
+        s = self.s
+        w = self.w.layers[i] if i >= 0 else self.w.mtp_attn
+        h = F.rms_norm(x[:n], (s.hidden,), w.norm, L.EPS)
+        if i >= 0 and self.kinds[i] == "gdn":
+            torch.mm(h, w.in_proj.t(), out=self.gdn_proj[:n])
+            return
+        qd, kd = s.q_heads * s.head_dim, s.kv_heads * s.head_dim
+        q, gate, k, v = F.linear(h, w.qkv).split([qd, qd, kd, kd], -1)
+        q = F.rms_norm(q.reshape(n, s.q_heads, s.head_dim), (s.head_dim,), w.q_norm, L.EPS)
+        k = F.rms_norm(k.reshape(n, s.kv_heads, s.head_dim), (s.head_dim,), w.k_norm, L.EPS)
+        q, k = L.rope(torch.cat([q, k], 1), self.cos[:n], self.sin[:n], s.rotary_dim).split([s.q_heads, s.kv_heads], 1)
+        self.q[:n].copy_(q)
+        self.k[:n].copy_(k)
+        self.v[:n].copy_(v.reshape(n, s.kv_heads, s.head_dim))
+        self.gate[:n].copy_(gate)
+
+    def _post(self, i: int, n: int, x: torch.Tensor) -> None:
+        """Layer i's half after its core, then its MoE."""
+        self.post_core(i, n, x)
+        self.moe(i, n, x)
+
+    def post_core(self, i: int, n: int, x: torch.Tensor) -> None:
+        """Layer i's output gate/norm and projection into the residual (i = -1: the MTP attention)."""
+        s = self.s
+        if i >= 0 and self.kinds[i] == "gdn":
+            w = self.w.layers[i]
+            z = self.gdn_proj[:n, s.gdn_conv_channels:s.gdn_conv_channels + s.gdn_v_channels]
+            o = F.rms_norm(self.gdn_o[:n].view(n, s.gdn_v_heads, s.head_v_dim), (s.head_v_dim,), w.o_norm, L.EPS)
+            o = o * F.silu(z.reshape(n, s.gdn_v_heads, s.head_v_dim))
+            x[:n] += F.linear(o.reshape(n, s.gdn_v_channels), w.out_proj)
+        else:
+            w = self.w.layers[i] if i >= 0 else self.w.mtp_attn
+            o = self.attn_o[:n] * torch.sigmoid(self.gate[:n].view(n, s.q_heads, s.head_dim))
+            x[:n] += F.linear(o.reshape(n, s.q_heads * s.head_dim), w.o_proj)
+
+    def moe(self, i: int, n: int, x: torch.Tensor) -> None:
+        x[:n].copy_(L.moe_forward(x[:n], self.w.moe[i] if i >= 0 else self.w.mtp_moe, self.s))
+
+    def target_piece(self, j: int, n: int) -> None:
+        """Piece j of the target forward: the embedding (j = 0) or layer j-1's post-core half
+        and MoE, then layer j's pre-core half (up to its attention or GDN core)."""
+        if j == 0:
+            torch.index_select(self.w.embed, 0, self.i64.d("ids", n), out=self.x[:n])
+            self._rope(self.i64.d("positions"), n)
+        else:
+            self._post(j - 1, n, self.x)
+        if j < len(self.kinds):
+            self.pre(j, n, self.x)
+
+    def drafter_piece(self, j: int, n: int) -> None:
+        """The MTP layer over d_ids / d_pos / d_hidden: fc(embedding, hidden) and its attention's
+        pre-core half (j = 0); the post-core half and its MoE (j = 1)."""
+        s, x = self.s, self.d_hidden
+        if j == 0:
+            emb = self.w.embed.index_select(0, self.d_ids[:n])
+            x[:n].copy_(L.mtp_fc_forward(emb, x[:n], self.w.mtp, s))
+            self._rope(self.d_pos, n)
+            self.pre(-1, n, x)
+        else:
+            self._post(-1, n, x)
+
+    # -- cores (eager between pieces; inside the graph in FULL mode)
+    def attn_core(self, cache: int, n: int, R: int, max_q: int, slots: torch.Tensor, seq_lens: torch.Tensor,
+                   cu_q: torch.Tensor) -> None:
+        kc, vc = self.kv[cache]
+        self.reshape_and_cache(self.k[:n], self.v[:n], kc, vc, slots)
+        W = self.table_width
+        self.paged_attention(self.q[:n], kc, vc, self.i32.d("tables", R * W).view(R, W), seq_lens, cu_q, max_q,
+                             self.s.head_dim ** -0.5, out=self.attn_o[:n])
+
+    def gdn_core(self, i: int, st: Step) -> None:
+        """Layer i's conv and recurrence: one verify call for the decodes (then their commits),
+        one varlen call for the prefills."""
+        qkv, g, beta, nd = self.gdn_inputs(i, st)
+        if st.B:
+            self.commit(i, st, self.verify(i, st, qkv[:nd], g[:nd], beta[:nd]))
+        if st.P:
+            self.prefill(i, st, qkv[nd:st.n], g[nd:st.n], beta[nd:st.n])
+
+    def gdn_inputs(self, i: int, st: Step) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """The core's inputs from the projection: conv input, log-decay g, beta; decode tokens first."""
+        s, n = self.s, st.n
+        qkv, _, b, a = self.gdn_proj[:n].split([s.gdn_conv_channels, s.gdn_v_channels, s.gdn_v_heads,
+                                                 s.gdn_v_heads], -1)
+        w = self.w.layers[i]
+        beta = b.float().sigmoid()
+        g = F.softplus(a.float() + w.dt_bias) * w.neg_a
+        return qkv, g, beta, st.B * st.T if not st.ragged else st.lay.decode_tokens
+
+    def _split_qkv(self, y: torch.Tensor, lead: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        s = self.s
+        qk, v = y.split([2 * s.gdn_qk_channels, s.gdn_v_channels], -1)
+        q, k = qk.reshape(*lead, 2 * s.gdn_k_heads, s.head_k_dim).chunk(2, -2)
+        return q, k, v.reshape(*lead, s.gdn_v_heads, s.head_v_dim)
+
+    def verify(self, i: int, st: Step, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> tuple:
+        """The policy's conv verify and verify kernel over all decodes; returns their contexts for commit."""
+        s, B, T = self.s, st.B, st.T
+        w = self.w.layers[i]
+        if st.ragged:
+            rows = self.i64.d("dec_rows", B * T)
+            qkv, g, beta = qkv.index_select(0, rows), g.index_select(0, rows), beta.index_select(0, rows)
+        parent = self.i32.d("parent", B * T).view(B, T)
+        lengths = self.i32.d("lengths", B)
+        if self.rs:
+            # The kernel flushes on the flush_interval-th commit; the step's flush flag decides.
+            steps = self.policy.flush_interval - 1 if st.flush else 0
+            rs, rcs = self.rs[i], self.rcs[i]
+            state = replace(rs, state=rs.state[1:B + 1], k=rs.k[1:B + 1], v=rs.v[1:B + 1], g=rs.g[1:B + 1],
+                            beta=rs.beta[1:B + 1], count=rs.count[1:B + 1], steps=steps)
+            conv_state = replace(rcs, conv_state=rcs.conv_state[1:B + 1], x=rcs.x[1:B + 1],
+                                 count=rcs.count[1:B + 1], steps=steps)
+        else:
+            state, conv_state = self.ssm[i][1:B + 1], self.conv_pool[i][1:B + 1]
+        y, conv_ctx = self.conv_verify(qkv.reshape(B, T, -1), self.w.conv[i], parent, conv_state, lengths)
+        q, k, v = self._split_qkv(y, (B, T))
+        q, k = (F.rms_norm(t, (s.head_k_dim,), w.qk_scale, L.EPS) for t in (q, k))
+        o, ctx = self.verify_mod.verify(q, k, v, g.view(B, T, -1), beta.view(B, T, -1), parent, state, lengths,
+                                        check=False)
+        o = o.reshape(B * T, s.gdn_v_channels)
+        if st.ragged:
+            o = o.index_select(0, self.i64.d("dec_back", st.lay.decode_tokens))
+        self.gdn_o[:o.shape[0]].copy_(o)
+        return ctx, conv_ctx
+
+    def commit(self, i: int, st: Step, ctxs: tuple) -> None:
+        """The policy's commits (state and conv window) with the step's accepted nodes."""
+        accepted = self.i32.d("accepted", st.B)
+        self.verify_mod.commit(ctxs[0], accepted, check=False)
+        self.conv_commit(ctxs[1], accepted, check=False)
+
+    def prefill(self, i: int, st: Step, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> None:
+        s, P, m = self.s, st.P, qkv.shape[0]
+        nd = st.n - m
+        slots, cu, has_init = self.i64.d("pf_slots", P), self.i64.d("pf_cu", P + 1), self.i32.d("pf_init", P)
+        cw = self.w.conv[i]
+        # As vLLM: gather the prefills' states from the pool, zero those of first chunks,
+        # one varlen call each for the conv and the chunked rule, scatter the final states back.
+        conv0 = self.conv_pool[i].index_select(0, slots)
+        conv0.mul_(has_init.view(P, 1, 1))
+        state0 = self.ssm[i].index_select(0, slots)
+        state0.mul_(has_init.view(P, 1, 1, 1))
+        y = None
+        if self.fla_conv is not None:
+            try:
+                y, conv_final = self.fla_conv(qkv[None], cw, initial_state=F.pad(conv0, (1, 0)),
+                                              output_final_state=True, activation="silu", cu_seqlens=cu,
+                                              cu_seqlens_cpu=st.pf_cu_cpu)
+                y = y[0]
+                self.conv_pool[i].index_copy_(0, slots, conv_final[..., 1:].to(L.BF16))
+            except Exception as e:  # API drift: keep timing with the stand-in below
+                self.log(f"fla causal_conv1d failed ({type(e).__name__}: {e}); using policies' tree_conv stand-in")
+                self.fla_conv = None
+        if y is None:
+            # Stand-in with the same work: the policies' Triton conv over all prefill tokens as one chain.
+            from policies.kernels.conv import tree_conv
+
+            chain = (torch.arange(m, dtype=torch.int32, device=qkv.device) - 1)[None]
+            y = tree_conv(qkv[None], cw, chain, conv0[:1].contiguous())[0][0]
+        q, k, v = self._split_qkv(y, (m,))
+        if self.chunk_fn is not None:
+            o, final = self.chunk_fn(q[None], k[None], v[None], g[None], beta[None], initial_state=state0,
+                                     output_final_state=True, use_qk_l2norm_in_kernel=True, state_v_first=True,
+                                     cu_seqlens=cu, cu_seqlens_cpu=st.pf_cu_cpu)
+            self.ssm[i].index_copy_(0, slots, final.to(self.state_dtype))
+            self.gdn_o[nd:nd + m].copy_(o[0].reshape(m, s.gdn_v_channels))
+            return
+        # No fla (CPU tests): the float64 reference recurrence, one sequence at a time.
+        from policies.kernels import reference as ref
+
+        w = self.w.layers[i]
+        q, k = (F.rms_norm(t, (s.head_k_dim,), w.qk_scale, L.EPS) for t in (q, k))
+        bounds = st.pf_cu_cpu.tolist()
+        for p in range(P):
+            a, b = bounds[p], bounds[p + 1]
+            chain = (torch.arange(b - a, dtype=torch.int32, device=qkv.device) - 1)[None]
+            o, states = ref.recurrence(q[None, a:b], k[None, a:b], v[None, a:b], g[None, a:b], beta[None, a:b],
+                                       chain, state0[p:p + 1])
+            self.ssm[i][int(slots[p])].copy_(states[0, -1])
+            self.gdn_o[nd + a:nd + b].copy_(o[0].reshape(b - a, s.gdn_v_channels))
+
+    # -- forward passes
+    def _piece(self, key: tuple, fn: Callable[[int], None], d: Plan, n: int) -> None:
+        """A dense piece: replayed as a graph at the padded size (PIECEWISE), else launched over n rows."""
+        if d.mode == PIECEWISE:
+            self.graphs.replay(key + (d.tokens,), lambda: fn(d.tokens))
+        else:
+            fn(n)
+
+    def _target(self, st: Step) -> None:
+        n, R = st.n, st.R
+        slots, seq_lens, cu_q = self.i64.d("slots", n), self.i32.d("seq_lens", R), self.i32.d("cu_q", R + 1)
+        attn = 0
+        for j, kind in enumerate(self.kinds):
+            self._piece(("t", j), lambda m, j=j: self.target_piece(j, m), st.d, n)
+            if kind == "gdn":
+                self.gdn_core(j, st)
+            else:
+                self.attn_core(attn, n, R, st.max_q, slots, seq_lens, cu_q)
+                attn += 1
+        self._piece(("t", len(self.kinds)), lambda m: self.target_piece(len(self.kinds), m), st.d, n)
+
+    def _drafter(self, st: Step) -> torch.Tensor:
+        """The MTP layer's K passes: the first over all target tokens, then one token per request.
+        Returns the drafts [K, requests] (real requests only)."""
+        drafts: list[torch.Tensor] = []
+        for j in range(self.depth):
+            drafts.append(self.draft_pass(st, j, drafts[-1] if drafts else None))
+        return torch.stack(drafts)
+
+    def draft_pass(self, st: Step, j: int, prev: torch.Tensor | None) -> torch.Tensor:
+        """Drafter pass j: over all target tokens (j = 0) or one token per request (the
+        previous pass's drafts `prev`); returns one draft per real request."""
+        R, Rreal = st.R, len(st.lay.order)
+        last = self.i64.d("last_rows", R)
+        if j == 0:
+            n = st.n
+            self.d_ids[:n].copy_(self.i64.d("ids", n))
+            self.d_pos[:n].copy_(self.i64.d("positions", n))
+            self.d_hidden[:n].copy_(self.x[:n])
+            slots, seq_lens, cu_q, max_q = (self.i64.d("slots", n), self.i32.d("seq_lens", R),
+                                            self.i32.d("cu_q", R + 1), st.max_q)
+            # vLLM runs the drafter piecewise (attention eager) up to the largest capture size.
+            d = st.d if st.d.mode != FULL else Plan(st.d.kind, PIECEWISE, st.d.tokens, R)
+        else:
+            n = R
+            o64, o32 = self.i64.offsets, self.i32.offsets
+            self.d_ids[:Rreal].copy_(prev)
+            self.d_pos[:n].copy_(self.i64.dev[o64["d_positions"][0] + (j - 1) * R:][:n])
+            if j == 1:
+                self.d_hidden[:n].copy_(self.d_hidden.index_select(0, last))
+            slots = self.i64.dev[o64["d_slots"][0] + (j - 1) * R:][:n]
+            seq_lens = self.i32.dev[o32["d_seq_lens"][0] + (j - 1) * R:][:n]
+            cu_q, max_q = self.i32.d("d_cu", R + 1), 1
+            d = plan([1] * n, [True] * n, self.positions, self.sizes, False, st.how)
+        self._piece(("d", 0), lambda m: self.drafter_piece(0, m), d, n)
+        self.attn_core(len(self.kv) - 1, n, R, max_q, slots, seq_lens, cu_q)
+        self._piece(("d", 1), lambda m: self.drafter_piece(1, m), d, n)
+        rows = last[:Rreal] if j == 0 else self.arange[:Rreal]
+        return L.lm_head_forward(self.d_hidden.index_select(0, rows), self.w.head, self.s)
+
+    def launch(self, st: Step) -> None:
+        """Every GPU launch of the step, no synchronisation; results land in self.out."""
+        if st.d.mode == FULL:
+            key = (st.d.tokens, st.flush)
+            try:
+                self.graphs.replay(("full",) + key, lambda: self._target(st))
+            except Exception as e:  # e.g. a core that syncs: this size runs piecewise from now on
+                self.log(f"full graph at {st.d.tokens} tokens failed ({type(e).__name__}: {e}); piecewise instead")
+                self.full_failed.add(key)
+                st.d = Plan(st.d.kind, PIECEWISE, st.d.tokens, st.d.requests)
+                self._target(st)
+        else:
+            self._target(st)
+        tokens = L.lm_head_forward(self.x.index_select(0, self.i64.d("logits_rows", st.n_logits)), self.w.head, self.s)
+        self.out[:st.n_logits].copy_(tokens)
+        N = self.max_tokens
+        B = st.lay.num_decodes
+        if B:
+            # Greedy acceptance: each decode's drafts (its input ids after the root) against the
+            # target's argmax, kept while they match, plus the bonus token.
+            T, nd = st.T, st.lay.decode_tokens
+            if st.ragged:
+                idx = self.i64.d("dec_rows", B * T)
+                tgt, ids = tokens[:nd].index_select(0, idx), self.i64.d("ids", nd).index_select(0, idx)
+            else:
+                tgt, ids = tokens[:B * T], self.i64.d("ids", B * T)
+            tgt, ids = tgt.view(B, T), ids.view(B, T)
+            match = (tgt[:, :-1] == ids[:, 1:]).int().cumprod(1)
+            self.out[N:N + B].copy_(match.sum(1) + 1)
+        if self.depth:
+            drafts = self._drafter(st)
+            o = N + self.max_requests
+            self.out[o:o + drafts.numel()].copy_(drafts.flatten())
+
+    def finish(self, st: Step) -> StepOutput:
+        """Sampled tokens to the host (the step's only synchronisation), then Python lists."""
+        self.out_host.copy_(self.out, non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream().synchronize()
+        N, o = self.max_tokens, self.max_tokens + self.max_requests
+        Rreal, B = len(st.lay.order), st.lay.num_decodes
+        out = self.out_host
+        return StepOutput(tokens=out[:st.n_logits].tolist(), accepted=out[N:N + B].tolist(),
+                          drafts=out[o:o + self.depth * Rreal].view(self.depth, Rreal).tolist(),
+                          kind=st.d.kind, mode=st.d.mode, padded_tokens=st.d.tokens)
+
+    def run(self, requests: Sequence[StepRequest], flush: bool = False, mode: str | None = None) -> StepOutput:
+        st = self.prepare(requests, flush, mode)
+        self.launch(st)
+        return self.finish(st)
+
+    # -- checks
+    def _pool_views(self, slots: int) -> list[torch.Tensor]:
+        ts = [t[:slots] for t in self.ssm + self.conv_pool if t is not None]
+        for rs in self.rs.values():
+            ts += [rs.k[:slots], rs.v[:slots], rs.g[:slots], rs.beta[:slots], rs.count[:slots]]
+        for rcs in self.rcs.values():
+            ts += [rcs.x[:slots], rcs.count[:slots]]
+        return ts
+
+    def snapshot(self, slots: int) -> list[torch.Tensor]:
+        """Copies of the GDN pools' first `slots` slots (replay caches included), to rerun a step."""
+        return [t.clone() for t in self._pool_views(slots)]
+
+    def restore(self, saved: list[torch.Tensor]) -> None:
+        for t, c in zip(self._pool_views(saved[0].shape[0]), saved):
+            t.copy_(c)
+
+    def poison(self) -> None:
+        """NaN in every activation buffer: a row a step should have written but did not shows up."""
+        for t in (self.x, self.gdn_proj, self.gdn_o, self.q, self.gate, self.k, self.v, self.attn_o, self.d_hidden):
+            t.fill_(math.nan)

@@ -1,0 +1,141 @@
+"""Host-side cost of each op of a step (host.csv): the time to ISSUE it, with the GPU kept busy.
+
+A step's host and GPU overlap: while the GPU works through queued kernels, Python
+prepares and launches the next ones. What the host model needs is each op's issue
+time alone: a long `torch.cuda._sleep` kernel is queued first, so every launch below
+only enqueues; the op is issued `reps` times and each call timed with the host clock.
+If the sleep finished before the last call was issued the sample is void (retried
+with a longer sleep): an op that synchronises shows up as void every time.
+
+Rows: op, n, us (median), us_p10, us_p90, reps. `n` is requests (step_prepare,
+step_finish, attn_core, gdn_verify, gdn_commit), sequences (gdn_prefill), or tokens
+(padded for graphs: full_graph, piece_graph; eager_dense_gdn, eager_dense_attn,
+eager_moe, drafter_pass). step_finish is timed with the GPU idle: it is the copy of the
+sampled tokens to the host plus the Python bookkeeping after the GPU is done.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Sequence
+
+import torch
+
+COLUMNS = ("op", "n", "us", "us_p10", "us_p90", "reps")
+SLEEP_US = 200_000  # the busy kernel: longer than any op's `reps` issues take together
+
+
+def _cycles_per_us() -> float:
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    torch.cuda._sleep(10_000_000)
+    e1.record()
+    e1.synchronize()
+    return 10_000_000 / (e0.elapsed_time(e1) * 1e3)
+
+
+def issue_times(fn: Callable[[], object], reps: int, cycles_per_us: float) -> list[float] | None:
+    """Host time (us) of each of `reps` calls of fn issued behind a busy GPU; None if the GPU went idle."""
+    for sleep_us in (SLEEP_US, 4 * SLEEP_US):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(sleep_us * cycles_per_us))
+        busy = torch.cuda.Event()
+        busy.record()
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t0) * 1e6)
+        idle = busy.query()
+        torch.cuda.synchronize()
+        if not idle:
+            return ts
+    return None
+
+
+def _row(op: str, n: int, ts: Sequence[float]) -> dict:
+    q = statistics.quantiles(ts, n=10) if len(ts) > 1 else list(ts) * 9
+    return {"op": op, "n": n, "us": round(statistics.median(ts), 2), "us_p10": round(q[0], 2),
+            "us_p90": round(q[-1], 2), "reps": len(ts)}
+
+
+def measure_host(ex: object, log: Callable[[str], None] = print, quick: bool = False) -> list[dict]:
+    """host.csv rows for the executor's model and policy (its graphs are captured as needed)."""
+    from sim.step_trace import TracedRequest as R
+
+    cpu = _cycles_per_us()
+    rows: list[dict] = []
+    tree = (1,) * ex.depth if ex.depth else ()
+    reps = 5 if quick else 10
+
+    def record(op: str, n: int, fn: Callable[[], object], r: int = reps) -> None:
+        try:
+            ts = issue_times(fn, r, cpu)
+        except Exception as e:  # one op must not cost the table
+            log(f"  host {op} n={n}: FAILED ({type(e).__name__}: {e})")
+            return
+        if ts is None:
+            log(f"  host {op} n={n}: the GPU went idle while issuing (the op synchronises?); not recorded")
+            return
+        rows.append(_row(op, n, ts))
+        log(f"  host {op} n={n}: {rows[-1]['us']:.1f} us")
+
+    def decodes(b: int) -> list:
+        return [R(i, 0, 1000 + 7 * i, tree, 1) for i in range(b)]
+
+    gdn = ex.kinds.index("gdn") if "gdn" in ex.kinds else None
+    attn = ex.kinds.index("attn") if "attn" in ex.kinds else None
+    cap = ex.sizes[-1] if ex.sizes else 0
+    batch_sizes = [b for b in (1, 4, 16, 64, 128, 256) if b * ex.positions <= ex.max_tokens - 256
+                   and b <= ex.max_requests // 2][:4 if quick else 6]
+    for b in batch_sizes:
+        reqs = decodes(b)
+        record("step_prepare", b, lambda: ex.prepare(reqs, mode="eager"))
+        st = ex.prepare(reqs, mode="eager")
+        ex.launch(st)
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            ex.finish(st)
+            ts.append((time.perf_counter() - t0) * 1e6)
+        rows.append(_row("step_finish", b, ts))
+        n = st.n
+        slots, seq_lens, cu = ex.i64.d("slots", n), ex.i32.d("seq_lens", st.R), ex.i32.d("cu_q", st.R + 1)
+        record("attn_core", b, lambda: ex.attn_core(0, n, st.R, st.max_q, slots, seq_lens, cu))
+        if gdn is not None and ex.depth:
+            qkv, g, beta, nd = ex.gdn_inputs(gdn, st)
+            record("gdn_verify", b, lambda: ex.verify(gdn, st, qkv[:nd], g[:nd], beta[:nd]))
+            ctxs = ex.verify(gdn, st, qkv[:nd], g[:nd], beta[:nd])
+            record("gdn_commit", b, lambda: ex.commit(gdn, st, ctxs))
+    if gdn is not None:
+        for p in [1, 2, 4, 8, 16, 32][:4 if quick else 6]:
+            st = ex.prepare([R(100 + i, 128, 512 * (i % 2), (), 0) for i in range(p)], mode="eager")
+            qkv, g, beta, nd = ex.gdn_inputs(gdn, st)
+            record("gdn_prefill", p, lambda: ex.prefill(gdn, st, qkv[nd:], g[nd:], beta[nd:]))
+    for n in [t for t in (16, 64, 256, 512, 1024, 2048, 4096, 8192) if t <= ex.max_tokens - 256][:5 if quick else 8]:
+        x = ex.x
+        if gdn is not None:
+            record("eager_dense_gdn", n, lambda: (ex.pre(gdn, n, x), ex.post_core(gdn, n, x)))
+        if attn is not None:
+            record("eager_dense_attn", n, lambda: (ex.pre(attn, n, x), ex.post_core(attn, n, x)))
+        record("eager_moe", n, lambda: ex.moe(0, n, x))
+    if ex.graphs is not None:
+        for size in [s for s in ex.sizes if s in (4, 16, 64, 128, 256, 512) or s == cap][:4 if quick else 8]:
+            if ex.positions > 1 and size % ex.positions == 0 and ex.full_capturable:
+                reqs = decodes(size // ex.positions)
+                ex.run(reqs)  # captures its full graph
+                g = ex.graphs.graphs.get(("full", size, False))
+                if g is not None:
+                    record("full_graph", size, g.replay, 5)
+            ex.run([R(200, size - 1 if size > 1 else 1, 0, (), 0)])  # a prefill-only step: piecewise
+            g = ex.graphs.graphs.get(("t", 1, size))
+            if g is not None:
+                record("piece_graph", size, g.replay)
+    if ex.depth:
+        for n in [t for t in (4, 64, 256, 1024, 4096) if t <= ex.max_tokens - 256][:3 if quick else 5]:
+            st = ex.prepare([R(300, n, 0, (), 0)])
+            ex.launch(st)
+            torch.cuda.synchronize()
+            record("drafter_pass", n, lambda: ex.draft_pass(st, 0, None), 5)
+    return rows

@@ -1,0 +1,436 @@
+"""`specsim calibrate replay`: run the steps of simulator runs on the GPU and hold the prediction against them.
+
+For each `--steps RUN/steps.csv` (written by `specsim run --trace-steps`) the whole
+model (calibrate.executor) executes the traced steps, each timed as vLLM's engine
+sees it: wall time from the start of host prep to the sampled tokens on the host,
+median of `--reps` runs after a warm-up run (which captures any graph it needs).
+Before timing, a correctness check runs a mixed and a uniform-decode batch eagerly,
+piecewise and as a full graph from the same GDN state (activations poisoned with NaN
+first) and compares the outputs; then the host costs of each op are measured
+(host.csv, `calibrate.host`).
+
+Writes under `<out>/<model>/`: replay_steps.csv (one row per step: measured, the
+simulator's prediction and its terms, the old eager-sum pricing), replay_summary.json
+(errors per step kind and per run), replay_check.json, host.csv, and a part in
+provenance.json. `--smoke` runs a 2-layer model on synthetic steps of every kind.
+"""
+from __future__ import annotations
+
+import csv
+import gc
+import json
+import math
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from core.config import EngineConfig, ModelConfig, PolicyConfig, load_hardware, load_model, load_policy
+from core.files import atomic_write_text
+
+SUMMARY_KINDS = ("uniform_decode", "mixed_graph", "mixed_eager", "prefill_only", "all")
+BASE_COLUMNS = ("run", "step", "kind", "mode", "tokens", "padded_tokens", "requests", "decodes", "prefills",
+                "context_tokens", "measured_us", "measured_p10_us", "measured_p90_us", "reps", "predicted_us",
+                "old_predicted_us")
+HOST_RESERVE_S = 60.0  # seconds of the time budget kept for the host-cost measurement
+CHECK_TOLERANCE = 2e-2  # relative L2 between modes: bf16 rounding differs with the padded GEMM shapes
+
+
+# ------------------------------------------------------------------ summaries (pure Python)
+def errors(rows: Sequence[dict], pred: str = "predicted_us") -> dict:
+    """n, median and p90 absolute percentage error, and bias (mean signed % error) of `pred` vs measured."""
+    rel = [(r[pred] - r["measured_us"]) / r["measured_us"] for r in rows
+           if _num(r.get(pred)) and _num(r.get("measured_us")) and r["measured_us"] > 0]
+    if not rel:
+        return {"n": 0, "median_ape": None, "p90_ape": None, "bias": None}
+    ape = sorted(abs(x) for x in rel)
+    p90 = ape[min(len(ape) - 1, math.ceil(0.9 * len(ape)) - 1)]
+    return {"n": len(rel), "median_ape": round(100 * statistics.median(ape), 3), "p90_ape": round(100 * p90, 3),
+            "bias": round(100 * statistics.fmean(rel), 3)}
+
+
+def _num(v: object) -> bool:
+    return isinstance(v, (int, float)) and not math.isnan(v)
+
+
+def summarize(rows: Sequence[dict]) -> dict:
+    """replay_summary.json: errors per step kind (in %), sums, the same for the old pricing, per run."""
+    by_kind = {k: [r for r in rows if k == "all" or r["kind"] == k] for k in SUMMARY_KINDS}
+    out: dict = {k: errors(v) for k, v in by_kind.items()}
+    out["sum_measured_s"] = round(sum(r["measured_us"] for r in rows) * 1e-6, 6)
+    out["sum_predicted_s"] = round(sum(r["predicted_us"] for r in rows if _num(r["predicted_us"])) * 1e-6, 6)
+    out["old_eager_sum"] = {k: errors(v, "old_predicted_us") for k, v in by_kind.items()}
+    out["old_eager_sum"]["sum_predicted_s"] = round(
+        sum(r["old_predicted_us"] for r in rows if _num(r.get("old_predicted_us"))) * 1e-6, 6)
+    out["runs"] = {}
+    for run in sorted({r["run"] for r in rows}):
+        rr = [r for r in rows if r["run"] == run]
+        m, p = sum(r["measured_us"] for r in rr), sum(r["predicted_us"] for r in rr if _num(r["predicted_us"]))
+        out["runs"][run] = {"n": len(rr), "sum_measured_s": round(m * 1e-6, 6), "sum_predicted_s": round(p * 1e-6, 6),
+                            "sum_error_pct": round(100 * (p - m) / m, 3) if m else None,
+                            "kinds": {k: sum(1 for r in rr if r["kind"] == k) for k in SUMMARY_KINDS[:-1]}}
+    out["units"] = "median_ape, p90_ape, bias and sum_error_pct in percent; bias = mean of (predicted - measured) / measured"
+    return out
+
+
+def write_csv(path: Path, rows: Sequence[dict], columns: Sequence[str]) -> None:
+    import io
+
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({c: (round(v, 3) if isinstance(v, float) else v) for c, v in r.items()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, buf.getvalue())
+
+
+def read_replay_rows(path: Path) -> list[dict]:
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for k, v in r.items():
+            if k not in ("run", "kind", "mode"):
+                r[k] = float(v) if v not in ("", None) else math.nan
+    return rows
+
+
+def sample(n_steps: int, quota: int | None) -> list[int]:
+    """Indices of at most `quota` of n_steps, evenly spread over the run (first and last kept)."""
+    if quota is None or quota >= n_steps:
+        return list(range(n_steps))
+    if quota <= 1:
+        return [0][:quota]
+    return sorted({round(i * (n_steps - 1) / (quota - 1)) for i in range(quota)})
+
+
+def flushes(step: object) -> bool:
+    """The replay kernels flush a whole batch or none: flush when most speculating requests do."""
+    spec = [r for r in step.requests if r.prefill == 0 and r.tree]
+    return bool(spec) and 2 * sum(r.flush for r in spec) >= len(spec)
+
+
+# ------------------------------------------------------------------ runs
+@dataclass
+class Run:
+    name: str
+    meta: dict
+    steps: list  # sim.step_trace.TracedStep
+    model: ModelConfig
+    policy: PolicyConfig
+    engine: EngineConfig
+
+
+def load_run(path: Path) -> Run:
+    from sim.step_trace import read_steps
+
+    meta, steps = read_steps(path)
+    model = load_model(meta["model"])
+    policy = load_policy(meta["policy"], meta.get("policy_overrides") or None)
+    engine = EngineConfig(**meta.get("engine", {}))
+    return Run(path.parent.name, meta, steps, model, policy, engine)
+
+
+def old_pricer(run: Run, hw_name: str, log: Callable[[str], None]) -> Callable[[object], float] | None:
+    """The simulator's old eager-sum pricing of a traced step (us), if the simulator still offers it."""
+    try:
+        from policies import make_policy
+        from sim.latency_factory import make_latency_model
+        from sim.step_trace import batch_of
+
+        engine = run.engine.model_copy(update={"latency_pricing": "eager_sum"})
+        pol = make_policy(run.model, run.policy)
+        lat = make_latency_model(run.model, load_hardware(hw_name), pol, engine)
+        return lambda step: lat.step_time(batch_of(step, run.model, pol, engine)).total_s * 1e6
+    except Exception as e:  # the old pricing is a comparison only: go on without it
+        log(f"  old eager-sum pricing unavailable ({type(e).__name__}: {e})")
+        return None
+
+
+def reprice(rows: list[dict], runs: dict[str, Run], hw_name: str, log: Callable[[str], None]) -> None:
+    """Recompute predicted_us (the run's own pricing, today's tables) and old_predicted_us in place (CPU)."""
+    from policies import make_policy
+    from sim.latency_factory import make_latency_model
+    from sim.step_trace import batch_of
+
+    for name, run in runs.items():
+        pol = make_policy(run.model, run.policy)
+        lat = make_latency_model(run.model, load_hardware(hw_name), pol, run.engine)
+        old = old_pricer(run, hw_name, log)
+        by_step = {s.step: s for s in run.steps}
+        for r in rows:
+            if r["run"] == name and int(r["step"]) in by_step:
+                s = by_step[int(r["step"])]
+                t = lat.step_time(batch_of(s, run.model, pol, run.engine))
+                r["predicted_us"] = t.total_s * 1e6
+                for k, v in t.terms.items():
+                    r[f"pred_{k}"] = v * 1e6
+                if old is not None:
+                    r["old_predicted_us"] = old(s)
+
+
+# ------------------------------------------------------------------ GPU side
+def time_step(ex: object, reqs: Sequence, flush: bool, reps: int, warmup: int) -> tuple[list[float], object]:
+    """Wall times (us) of `reps` runs of one step, each from host prep to tokens on the host."""
+    for _ in range(warmup):
+        out = ex.run(reqs, flush)
+    gc.collect()
+    gc.disable()  # a collection inside a timed step is noise vLLM does not have (it freezes its heap)
+    try:
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            out = ex.run(reqs, flush)
+            ts.append((time.perf_counter() - t0) * 1e6)
+    finally:
+        gc.enable()
+    return ts, out
+
+
+def synthetic_steps(positions: int, depth: int, sizes: Sequence[int]) -> list[tuple[str, list]]:
+    """Steps of every kind for --smoke and the correctness check (TracedRequest rows)."""
+    from sim.step_trace import TracedRequest as R
+
+    tree = (1,) * depth if depth else ()
+    acc = min(3, positions)
+
+    def dec(rid: int, ctx: int) -> R:
+        return R(rid, 0, ctx, tree, acc)
+    top = sizes[-1] if sizes else 64
+    return [
+        ("uniform_decode", [dec(i, 300 + 37 * i) for i in range(3)]),
+        ("uniform_decode", [dec(i, 1000 + 11 * i) for i in range(32)]),
+        ("uniform_decode", [dec(i, 2000 + 5 * i) for i in range(max(1, top // max(1, positions)))]),
+        ("mixed_graph", [dec(i, 500 + i) for i in range(3)] + [R(10, 37, 0, (), 0)]),
+        ("mixed_graph", [dec(i, 800 + i) for i in range(16)] + [R(20, 100, 600, (), 0), R(21, 64, 0, (), 0)]),
+        ("mixed_eager", [dec(i, 900 + i) for i in range(32)] + [R(30, 2048, 1024, (), 0)]),
+        ("prefill_only", [R(40, 200, 0, (), 0)]),
+        ("prefill_only", [R(41, 4096, 0, (), 0), R(42, 1000, 3000, (), 0)]),
+    ]
+
+
+def check_modes(ex: object, log: Callable[[str], None]) -> list[dict]:
+    """Eager vs piecewise vs full graph on the same batches from the same state: outputs must agree."""
+    import torch
+
+    results = []
+    cases = synthetic_steps(ex.positions, ex.depth, ex.sizes)
+    for kind, reqs in (cases[0], cases[3]):
+        modes = ["eager", "vllm"] + (["graph"] if kind == "uniform_decode" else [])
+        saved = ex.snapshot(len(reqs) + 1)
+        ref = None
+        for mode in modes:
+            ex.restore(saved)
+            ex.poison()
+            out = ex.run(reqs, mode=mode)
+            n = sum(r.prefill or ex_positions(r) for r in reqs)
+            x = ex.x[:n].float().clone()
+            row = {"kind": kind, "mode": mode, "executed": out.mode, "finite": bool(torch.isfinite(x).all())}
+            if ref is None:
+                ref = (x, out.tokens)
+            else:
+                row["rel_err"] = float((x - ref[0]).norm() / ref[0].norm().clamp_min(1e-30))
+                row["tokens_equal"] = round(sum(a == b for a, b in zip(out.tokens, ref[1])) / len(ref[1]), 3)
+            row["ok"] = row["finite"] and row.get("rel_err", 0.0) <= CHECK_TOLERANCE
+            results.append(row)
+            log(f"  check {kind} {mode} ({out.mode}): finite {row['finite']}, rel err {row.get('rel_err', 0):.2e}"
+                f"{'' if row['ok'] else '  FAILED'}")
+        ex.restore(saved)
+    return results
+
+
+def ex_positions(r: object) -> int:
+    from calibrate.executor import verify_positions
+
+    return verify_positions(tuple(r.tree))
+
+
+def kv_pool_bytes_for(runs: Sequence[Run], block_size: int, bytes_per_block: int, lookahead: int,
+                      cap_bytes: int) -> int:
+    """KV bytes the busiest traced step needs (its requests' blocks at once), at most cap_bytes."""
+    need = 2
+    for run in runs:
+        for s in run.steps:
+            need = max(need, 1 + sum(-(-(r.context + (r.prefill or ex_positions(r)) + lookahead) // block_size)
+                                     for r in s.requests))
+    return min(cap_bytes, need * bytes_per_block)
+
+
+def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = False, max_steps: int | None = None,
+           time_budget_s: float | None = None, reps: int = 3, warmup: int = 1, mode: str = "vllm",
+           kv_pool_gb: float = 24.0, host: bool = True, model_name: str | None = None,
+           policy_name: str = "store_all", device: str = "cuda", commit: str | None = None,
+           shapes: object | None = None, kinds: list[str] | None = None,
+           log: Callable[[str], None] = print) -> int:
+    """Replay every run (or --smoke's synthetic steps); returns the exit status. `shapes` and
+    `kinds` (layer types in order) override the model's (tiny CPU tests)."""
+    import torch
+
+    from calibrate import host as H
+    from calibrate import provenance
+    from calibrate.executor import Executor, Weights
+    from calibrate.shapes import LayerShapes
+    from policies import make_policy
+    from sim.budget import block_layout
+
+    t0 = time.perf_counter()
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("calibrate replay: no CUDA device here")
+    hw = load_hardware(gpu)
+    runs = [load_run(p) for p in steps_paths]
+    if smoke or not runs:
+        name = model_name or (runs[0].model.name if runs else "qwen3.5-35b-a3b")
+        model = load_model(name)
+        engine = EngineConfig(max_num_seqs=hw.max_num_seqs, max_num_batched_tokens=hw.max_num_batched_tokens)
+        runs = [Run("smoke", {}, [], model, load_policy(policy_name), engine)]
+    models = {r.model.name for r in runs}
+    if len(models) > 1:
+        raise SystemExit(f"calibrate replay: --steps files mix models {sorted(models)}; replay one model per call")
+    model = runs[0].model
+    kinds = kinds or (["gdn", "attn"] if smoke else
+                      model.layer_pattern * (model.num_layers // len(model.layer_pattern)))
+    mdir = out / model.name / ("smoke" if smoke else "")
+    env = provenance.environment(device)
+    log(f"replay {model.name} on {env['gpu']}: {len(runs)} run(s), "
+        f"{sum(len(r.steps) for r in runs)} traced steps, mode {mode}{', smoke' if smoke else ''}")
+    shapes = shapes or LayerShapes.from_model(model)
+    with torch.inference_mode():
+        tw = time.perf_counter()
+        w = Weights.build(shapes, kinds, dev)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        log(f"weights: {torch.cuda.memory_allocated() / 2**30 if dev.type == 'cuda' else 0:.1f} GiB in "
+            f"{time.perf_counter() - tw:.1f} s")
+        quota = None if max_steps is None else max(1, max_steps // len(runs))
+        rows: list[dict] = []
+        checks: list[dict] = []
+        host_rows: list[dict] = []
+        errors_: list[str] = []
+        kernels: dict = {}
+        # One executor per policy and engine size: runs that share them share its captured graphs.
+        groups: dict[tuple, list[Run]] = {}
+        for run in runs:
+            key = (run.policy.model_dump_json(), run.engine.max_num_seqs, run.engine.max_num_batched_tokens)
+            groups.setdefault(key, []).append(run)
+        host_reserve = HOST_RESERVE_S if host and dev.type == "cuda" else 0.0
+        for gi, group in enumerate(groups.values()):
+            left = None if time_budget_s is None else time_budget_s - host_reserve - (time.perf_counter() - t0)
+            if left is not None and left <= 0:
+                errors_ += [f"{run.name}: skipped, time budget spent" for run in group]
+                continue
+            first = group[0]
+            pol = make_policy(model, first.policy)
+            lay = block_layout(model, pol, 1 << 40)
+            block_bytes = lay.attn_block_tokens * shapes.kv_bytes_per_token * (model.attn_layers + 1)
+            all_steps = [s for run in group for s in run.steps]
+            max_ctx = max((r.context + (r.prefill or ex_positions(r)) for s in all_steps for r in s.requests),
+                          default=8192)
+            max_req = max((len(s.requests) for s in all_steps), default=160)
+            kv_bytes = kv_pool_bytes_for(group, lay.attn_block_tokens, block_bytes, model.mtp_depth,
+                                         int(kv_pool_gb * 2**30)) if all_steps else 4 << 30
+            ex = Executor(model, first.policy, device=dev, max_requests=max_req, max_context=max_ctx,
+                          max_num_seqs=first.engine.max_num_seqs or hw.max_num_seqs,
+                          max_num_batched_tokens=first.engine.max_num_batched_tokens or hw.max_num_batched_tokens,
+                          block_size=lay.attn_block_tokens, kv_pool_bytes=kv_bytes, mode=mode, kinds=kinds,
+                          shapes=shapes, log=log, weights=w)
+            kernels = ex.kernel_sources()
+            log(f"[{first.policy.name}] runs {[r.name for r in group]}: block {lay.attn_block_tokens} tokens, "
+                f"{ex.num_blocks} blocks ({ex.kv_pool_bytes() / 2**30:.1f} GiB KV), capture sizes up to "
+                f"{ex.sizes[-1] if ex.sizes else 0}; kernels {kernels}")
+            if gi == 0 and ex.graphs is not None:
+                try:
+                    checks = check_modes(ex, log)
+                except Exception as e:
+                    errors_.append(f"check: {type(e).__name__}: {e}")
+                    log(f"check FAILED: {traceback.format_exc()}")
+            group_end = None if left is None else time.perf_counter() + left / (len(groups) - gi)
+            for k, run in enumerate(group):
+                end = None if group_end is None else time.perf_counter() + (group_end - time.perf_counter()) / (len(group) - k)
+                rows += replay_run(ex, run, quota, reps, warmup, end, gpu, errors_, log,
+                                   on_progress=lambda part: write_outputs(mdir, rows + part))
+            if gi == 0 and host_reserve:
+                try:
+                    host_rows = H.measure_host(ex, log, quick=smoke)
+                except Exception as e:
+                    errors_.append(f"host: {type(e).__name__}: {e}")
+                    log(f"host FAILED: {traceback.format_exc()}")
+            if ex.graphs is not None:
+                log(f"[{first.policy.name}] {len(ex.graphs)} graphs captured in {ex.graphs.capture_s:.1f} s")
+            del ex
+            gc.collect()
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+    write_outputs(mdir, rows)
+    provenance.write(mdir / "replay_check.json", {"tolerance": CHECK_TOLERANCE, "cases": checks})
+    if host_rows:
+        write_csv(mdir / "host.csv", host_rows, H.COLUMNS)
+    part = {**env, "git_commit": commit, "command": " ".join(sys.argv), "job": "replay", "mode": mode,
+            "smoke": smoke, "runs": [r.name for r in runs], "steps_replayed": len(rows), "reps": reps,
+            "warmup": warmup, "kernels": kernels, "errors": errors_, "wall_s": round(time.perf_counter() - t0, 1)}
+    part["device_time_s"] = part["wall_s"]
+    prov = provenance.read(mdir / "provenance.json")
+    prov.setdefault("parts", []).append(part)
+    provenance.write(mdir / "provenance.json", {"model": model.name, **prov})
+    log(f"replay: {len(rows)} steps, {len(errors_)} problems, {part['wall_s']} s; wrote {mdir}")
+    failed = any(not c["ok"] for c in checks)
+    return 1 if failed or (errors_ and not rows) else 0
+
+
+def replay_run(ex: object, run: Run, quota: int | None, reps: int, warmup: int, end: float | None, gpu: str,
+               errors_: list[str], log: Callable[[str], None], on_progress: Callable[[list[dict]], None]) -> list[dict]:
+    """Time the sampled steps of one run (synthetic steps of every kind for --smoke) until `end`."""
+    if run.steps:
+        steps = [(run.steps[i], flushes(run.steps[i])) for i in sample(len(run.steps), quota)]
+    else:
+        steps = [(_synthetic_traced(reqs, j), False)
+                 for j, (_, reqs) in enumerate(synthetic_steps(ex.positions, ex.depth, ex.sizes))]
+    old = old_pricer(run, gpu, log) if run.steps else None
+    rows: list[dict] = []
+    tr = time.perf_counter()
+    for j, (step, flush) in enumerate(steps):
+        if end is not None and time.perf_counter() > end:
+            errors_.append(f"{run.name}: stopped after {j} of {len(steps)} steps, time budget")
+            log(f"  time budget: stopping {run.name} after {j} of {len(steps)} steps")
+            break
+        try:
+            ts, o = time_step(ex, step.requests, flush, reps, warmup)
+        except Exception as e:  # one bad step must not cost the run
+            errors_.append(f"{run.name} step {step.step}: {type(e).__name__}: {e}")
+            log(f"  step {step.step} FAILED: {traceback.format_exc()}")
+            continue
+        q = sorted(ts)
+        row = {"run": run.name, "step": step.step, "kind": step.kind or o.kind, "mode": o.mode,
+               "tokens": sum(r.prefill or ex_positions(r) for r in step.requests),
+               "padded_tokens": o.padded_tokens, "requests": len(step.requests),
+               "decodes": sum(1 for r in step.requests if r.prefill == 0),
+               "prefills": sum(1 for r in step.requests if r.prefill > 0),
+               "context_tokens": sum(r.context for r in step.requests),
+               "measured_us": statistics.median(ts), "measured_p10_us": q[0], "measured_p90_us": q[-1],
+               "reps": len(ts), "predicted_us": step.predicted_us,
+               "old_predicted_us": old(step) if old else math.nan,
+               **{f"pred_{k}": v for k, v in step.terms_us.items()}}
+        rows.append(row)
+        if j % 25 == 0 or j == len(steps) - 1:
+            log(f"  {run.name} {j + 1}/{len(steps)} step {step.step} {row['kind']}/{o.mode} "
+                f"{row['tokens']} tok: {row['measured_us']:.0f} us (pred {step.predicted_us:.0f}); "
+                f"{len(ex.graphs) if ex.graphs else 0} graphs, {time.perf_counter() - tr:.0f} s")
+        if j % 100 == 99:
+            on_progress(rows)
+    return rows
+
+
+def write_outputs(mdir: Path, rows: list[dict]) -> None:
+    """replay_steps.csv (a pred_<term> column per predicted term) and replay_summary.json."""
+    terms = sorted({k for r in rows for k in r if k.startswith("pred_")})
+    write_csv(mdir / "replay_steps.csv", rows, (*BASE_COLUMNS, *terms))
+    (mdir / "replay_summary.json").write_text(json.dumps(summarize(rows), indent=2) + "\n")
+
+
+def _synthetic_traced(reqs: list, i: int) -> object:
+    from sim.step_trace import TracedStep
+
+    return TracedStep(i, 0.0, "", tuple(reqs), math.nan, {})  # kind: as the executor dispatches it
