@@ -8,13 +8,21 @@ MODEL     ?=
 HARDWARE  ?= h200
 JOBS      ?=
 SWEEP_OUT ?= results/sweeps/$(WORKLOAD)
+# Extra `specsim sweep` arguments, e.g. ARGS='--set workload_overrides.path=FILE'; PROGRESS=0: no progress output.
+ARGS      ?=
+PROGRESS  ?= 1
+# Where pip looks for torch first when `make dev`/`make test` install it. Empty: pip's own
+# configuration (here it finds a local CPU wheel). On a machine without one, pass
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu, or pip takes the default Linux torch
+# wheel from PyPI with its CUDA libraries (several GB).
+TORCH_INDEX ?=
 # GPU targets need an interpreter with CUDA torch + triton. On the device machine
 # that is the image's python3: `make bench-kernels GPU_PY=python3`.
 GPU_PY    ?= $(PY)
 GPU       ?= h200
 
 .PHONY: help venv dev test test-slow test-gpu sweep figures calibrate calibrate-validate \
-        bench bench-sim bench-kernels clean
+        bench bench-sim bench-kernels docs clean
 
 help:
 	@echo "make sweep WORKLOAD=sharegpt   main job: grid sweep + figures on the committed calibration"
@@ -22,20 +30,24 @@ help:
 	@echo "make test-slow / test-gpu      long tests / tests that need a CUDA GPU"
 	@echo "make bench-sim                 simulator speed; make bench-kernels GPU_PY=python3 on a GPU"
 	@echo "make calibrate GPU_PY=python3  measure layers on a GPU into results/calibration/$(GPU)"
+	@echo "make docs                      rerun the README's sweeps and runs into docs/ and rewrite its numbers"
 
 venv: $(VENV)/.base-stamp
 dev: $(VENV)/.dev-stamp
 
 # The simulator's dependencies only: no torch, no triton.
 $(VENV)/.base-stamp: pyproject.toml
-	@test -x $(PY) || $(PYTHON3) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e .
+	@test -x $(PY) || { echo "creating $(VENV) with $(PYTHON3)"; $(PYTHON3) -m venv $(VENV); }
+	@echo "installing the simulator's dependencies into $(VENV) (numpy, pandas, matplotlib, simpy, ...; no torch): about a minute the first time"
+	$(PY) -m pip install --progress-bar off --upgrade pip
+	$(PY) -m pip install --progress-bar off -e .
 	@touch $@
+	@echo "$(VENV) ready: run the simulator as $(VENV)/bin/specsim (or activate: . $(VENV)/bin/activate)"
 
 # Tests and kernels: pytest, hypothesis, dask, torch (CPU build) and triton.
 $(VENV)/.dev-stamp: $(VENV)/.base-stamp
-	$(PY) -m pip install -q -e '.[dev]'
+	@echo "installing the test and kernel extras into $(VENV): pytest, hypothesis, dask, triton and torch 2.13$(if $(TORCH_INDEX), from $(TORCH_INDEX))"
+	$(PY) -m pip install --progress-bar off -e '.[dev]' $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	@touch $@
 
 test: dev
@@ -49,7 +61,8 @@ test-gpu:
 
 sweep: venv
 	$(PY) -m sim sweep --workload $(WORKLOAD) --grid $(GRID) --hardware $(HARDWARE) \
-	  $(if $(MODEL),--model $(MODEL)) $(if $(JOBS),--jobs $(JOBS)) --out $(SWEEP_OUT)
+	  $(if $(MODEL),--model $(MODEL)) $(if $(JOBS),--jobs $(JOBS)) $(if $(filter 0,$(PROGRESS)),--no-progress) \
+	  --out $(SWEEP_OUT) $(ARGS)
 	$(PY) -m sim figures --sweep $(SWEEP_OUT)
 
 figures: venv
@@ -68,6 +81,21 @@ calibrate:
 
 calibrate-validate: venv
 	$(PY) -m sim calibrate validate --gpu $(GPU)
+
+# The README's numbers and figures: the paper and trees sweeps on sharegpt and six single
+# runs, copied into docs/ (committed), then the README's generated blocks rewritten from them.
+DOC_RUNS := synthetic-fixed sharegpt
+docs: venv
+	$(MAKE) sweep WORKLOAD=sharegpt SWEEP_OUT=results/sweeps/sharegpt
+	$(MAKE) sweep WORKLOAD=sharegpt GRID=configs/grids/trees.yaml SWEEP_OUT=results/sweeps/sharegpt-trees
+	rm -rf docs/sweeps docs/runs && mkdir -p docs/runs
+	for s in sharegpt sharegpt-trees; do \
+	  mkdir -p docs/sweeps/$$s && cp -r results/sweeps/$$s/points.csv results/sweeps/$$s/sweep.json \
+	    results/sweeps/$$s/report.md results/sweeps/$$s/figures docs/sweeps/$$s/ || exit 1; done
+	for w in $(DOC_RUNS); do for p in store_all reconstruct replay; do \
+	  $(PY) -m sim run $$($(PY) -c 'from sim.readme import RUN_ARGS; print(RUN_ARGS)') --policy $$p --workload $$w \
+	    --out runs/docs/$$w-$$p > /dev/null && cp runs/docs/$$w-$$p/summary.json docs/runs/$$w-$$p.json || exit 1; done; done
+	$(PY) -m sim report --readme --write README.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -13,14 +13,29 @@ import sys
 from core.config import ConfigError
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("sim.run", "simulate one configuration and write summary.json + requests.csv"),
+    "run": ("sim.run", "simulate one configuration; with --out, write summary.json + requests.csv + config.yaml"),
     "sweep": ("sim.sweep", "run a grid of configurations in parallel, resumably"),
     "figures": ("sim.figures", "draw the breakdown figures and report.md of a sweep"),
+    "report": ("sim.readme", "print the README's numbers from the committed outputs in docs/"),
     "memory": ("sim.memory_cli", "per-sequence memory facts and the pool geometry"),
     "workload": ("workloads.cli", "workload statistics (`specsim workload stats NAME`)"),
     "calibrate": ("calibrate.cli", "measure layers on a GPU, merge tables, validate the latency model"),
     "bench": ("sim.bench", "simulator speed benchmark (steps per second)"),
 }
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" to an option's help where X is a real value: options whose
+    default is None or False take it from elsewhere (a config file, the grid), and their
+    help says so."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (action.option_strings and "default" not in text and "%(default)" not in text
+                and default not in (None, False, [], argparse.SUPPRESS)):
+            text += " (default: %(default)s)"
+        return text
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
@@ -29,7 +44,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     # Only the chosen subcommand's module is imported (its arguments may need it).
     chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, (module, help_text) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
         if name == chosen:
             importlib.import_module(module).add_arguments(p)
             p.set_defaults(_module=module)

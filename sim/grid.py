@@ -19,6 +19,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from core.config import (
+    CONFIG_DIR,
+    REPO_ROOT,
     ConfigError,
     PolicyConfig,
     RunConfig,
@@ -164,11 +166,14 @@ def load_grid(
     workload: str,
     model: str | None = None,
     hardware: str | None = None,
+    sets: dict[str, Any] | None = None,
 ) -> Grid:
-    """Read a grid YAML for one workload; `model`/`hardware` (the CLI's) replace the grid's."""
+    """Read a grid YAML for one workload; `model`/`hardware` and `sets` (dotted field ->
+    value, the CLI's `--set`) replace the grid's fixed value or axis of that field."""
     path = Path(path)
     if not path.exists():
-        raise ConfigError(f"grid file {path} does not exist")
+        grids = ", ".join(sorted(str(g.relative_to(REPO_ROOT)) for g in (CONFIG_DIR / "grids").glob("*.yaml")))
+        raise ConfigError(f"--grid {path}: grid file does not exist; the shipped grids: {grids}")
     raw = read_yaml(path)
     source = str(path)
     if unknown := sorted(set(raw) - set(GRID_KEYS)):
@@ -189,10 +194,12 @@ def load_grid(
         fixed = {k: v for k, v in fixed.items() if k not in waxes}
         fixed.update(wfixed)
         axes.update(waxes)
-    for name, value in (("model", model), ("hardware", hardware)):
-        if value is not None:
-            axes.pop(name, None)
-            fixed[name] = value
+    for field in sets or {}:
+        check_field(field, "--set")
+    chosen = {k: v for k, v in (("model", model), ("hardware", hardware)) if v is not None}
+    for name, value in {**chosen, **(sets or {})}.items():
+        axes.pop(name, None)
+        fixed[name] = value
     kept = {k: v for k, v in axes.items() if v is not None}
     if both := sorted(set(kept) & set(fixed)):
         raise ConfigError(f"{source}: field(s) {both} are both fixed and an axis; keep one")

@@ -28,6 +28,7 @@ from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from tqdm import tqdm
 
 from core.config import CONFIG_DIR, REPO_ROOT, ConfigError, RunConfig, load_hardware
@@ -38,7 +39,8 @@ Simulate = Callable[[RunConfig], dict[str, Any]]
 STATUSES = ("ok", "failed", "infeasible")
 DASK_CONNECT_TIMEOUT_S = 5
 # Modules that only run or post-process a sweep: editing them cannot change a point.
-NOT_SIMULATOR = {"sim/sweep.py", "sim/grid.py", "sim/figures.py", "sim/report.py"}
+NOT_SIMULATOR = {"sim/sweep.py", "sim/grid.py", "sim/figures.py", "sim/report.py", "sim/readme.py", "sim/cli.py"}
+PROGRESS_LINES = 4  # without a terminal, progress is this many plain lines (25%, 50%, ...)
 
 
 # --------------------------------------------------------------------- code version
@@ -47,8 +49,10 @@ def _source_files(hardware: str) -> list[Path]:
     files += list((REPO_ROOT / "core").rglob("*.py"))
     files += [p for p in (REPO_ROOT / "policies").rglob("*.py") if "kernels" not in p.relative_to(REPO_ROOT).parts]
     files += list((REPO_ROOT / "workloads").rglob("*.py"))
-    # Grids only choose points, and every chosen value is in the point's own key.
-    files += [p for p in CONFIG_DIR.rglob("*") if p.is_file() and "grids" not in p.relative_to(CONFIG_DIR).parts]
+    # Grids only choose points, and every chosen value is in the point's own key; files at the
+    # top of configs/ are examples (run.example.yaml) that no point reads.
+    files += [p for p in CONFIG_DIR.rglob("*")
+              if p.is_file() and p.parent != CONFIG_DIR and "grids" not in p.relative_to(CONFIG_DIR).parts]
     hw = load_hardware(hardware)
     if hw.calibration_dir and (cal := REPO_ROOT / hw.calibration_dir).is_dir():
         files += [p for p in cal.rglob("*") if p.is_file()]
@@ -214,6 +218,36 @@ def warm_workloads(points: list[RunConfig]) -> dict[str, str]:
     return prints
 
 
+class _Lines:
+    """tqdm's interface for a pipe or log file, where a redrawn bar becomes dozens of lines:
+    one plain line at each quarter of the points."""
+
+    def __init__(self, total: int, cached: int) -> None:
+        self.total, self.cached, self.done, self.postfix = total, cached, 0, ""
+        self.start = time.perf_counter()
+
+    def __enter__(self) -> "_Lines":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def set_postfix(self, counts: dict[str, int], refresh: bool = False) -> None:
+        self.postfix = ", ".join(f"{n} {status}" for status, n in counts.items())
+
+    def update(self) -> None:
+        self.done += 1
+        if self.done * PROGRESS_LINES // self.total > (self.done - 1) * PROGRESS_LINES // self.total:
+            print(f"sweep: {self.done}/{self.total} points run ({self.cached} cached; {self.postfix}) "
+                  f"in {time.perf_counter() - self.start:.0f} s", file=sys.stderr, flush=True)
+
+
+def _progress(total: int, cached: int, enabled: bool) -> Any:
+    if enabled and not sys.stderr.isatty():
+        return _Lines(total, cached)
+    return tqdm(total=total, desc=f"sweep ({cached} cached)", unit="point", disable=not enabled, mininterval=0.5)
+
+
 @dataclass
 class SweepResult:
     records: list[dict[str, Any]]  # one per point, in grid order
@@ -259,15 +293,23 @@ def run_sweep(
         if len({p.key for p in points}) != len(points):
             raise ConfigError("the grid produces the same point twice; check for duplicate axis values")
         stored: dict[str, dict[str, Any]] = {}
+        unreadable = []
         for p in points:
-            rec = read_point(point_dir / f"{p.key}.json", p.key)
-            if rec is not None and not (retry_failed and rec["status"] == "failed"):
+            path = point_dir / f"{p.key}.json"
+            rec = read_point(path, p.key)
+            if rec is None and path.exists():
+                unreadable.append(path.name)
+            elif rec is not None and not (retry_failed and rec["status"] == "failed"):
                 stored[p.key] = rec
+        if unreadable:
+            print(f"specsim sweep: {len(unreadable)} stored point file(s) in {point_dir} are corrupt or do not match "
+                  f"their key; running those points again: {', '.join(unreadable[:5])}"
+                  + (", ..." if len(unreadable) > 5 else ""), file=sys.stderr)
         todo = [p for p in points if p.key not in stored]
         if todo:
             results = _dask(todo, simulate, client) if client else _local(todo, simulate, jobs or os.cpu_count() or 1)
             stack.enter_context(closing(results))
-            bar = stack.enter_context(tqdm(total=len(todo), desc=f"sweep ({len(stored)} cached)", unit="point", disable=not progress, mininterval=0.5))
+            bar = stack.enter_context(_progress(len(todo), len(stored), progress))
             counts = dict.fromkeys(STATUSES[1:], 0)
             for p, result in results:
                 rec = {"key": p.key, "code_version": p.version, "data_version": p.data,
@@ -291,17 +333,51 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: all cores)")
     p.add_argument("--dask-scheduler", default=None, metavar="ADDRESS", help="run points on this Dask scheduler (tcp://HOST:PORT)")
     p.add_argument("--retry-failed", action="store_true", help="rerun points stored as failed (infeasible ones stay)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="fix a grid field for every point, replacing the grid's value or axis, e.g. "
+                        "workload_overrides.path=FILE or engine.admission=first_chunk (repeatable)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
 
 
-def command_line(args: argparse.Namespace, out: Path) -> str:
-    """The sweep's command with every choice spelled out, for report.md."""
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE` items -> {dotted field: value}; values are read as YAML (0.6 is a
+    number, null is None, [1, 1] a list)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects KEY=VALUE (e.g. workload_overrides.path=FILE), got {item!r}")
+        out[key.strip()] = yaml.safe_load(text)
+    return out
+
+
+def data_file(cfg: RunConfig) -> dict[str, str] | None:
+    """Where a file-based workload's data came from: {"path": absolute path, "from": the
+    override or environment variable that gave it}; None for generated or packaged data."""
+    from workloads.registry import load_spec
+
+    spec = load_spec(cfg.workload, cfg.workload_overrides)
+    path_env = getattr(spec, "path_env", None)
+    if getattr(spec, "path", None):
+        return {"path": str(Path(spec.path).expanduser().resolve()), "from": "workload_overrides.path"}
+    if path_env and os.environ.get(path_env):
+        return {"path": str(Path(os.environ[path_env]).expanduser().resolve()), "from": path_env}
+    return None
+
+
+def command_line(args: argparse.Namespace, out: Path, data: dict[str, str] | None = None) -> str:
+    """The sweep's command with every choice spelled out, for report.md; a data file given
+    through an environment variable is set in front, so the command reruns as it ran."""
+    # VAR=value stays an assignment only if the value alone is quoted
+    env = [f"{data['from']}={shlex.quote(data['path'])}"] if data and data["from"] != "workload_overrides.path" else []
     parts = ["specsim", "sweep", "--workload", args.workload, "--grid", args.grid]
     parts += ["--model", args.model] if args.model else []
     parts += ["--hardware", args.hardware] if args.hardware else []
+    for item in args.set:
+        parts += ["--set", item]
     parts += ["--out", str(out)]
     parts += ["--dask-scheduler", args.dask_scheduler] if args.dask_scheduler else []
-    return shlex.join(parts)
+    return " ".join(env + [shlex.join(parts)])
 
 
 def _previous_calls(path: Path) -> list[dict[str, Any]]:
@@ -315,7 +391,7 @@ def _previous_calls(path: Path) -> list[dict[str, Any]]:
 def main(args: argparse.Namespace) -> int:
     from sim.report import write_points_csv
 
-    grid = load_grid(args.grid, args.workload, model=args.model, hardware=args.hardware)
+    grid = load_grid(args.grid, args.workload, model=args.model, hardware=args.hardware, sets=parse_sets(args.set))
     configs = grid.points(args.workload)
     out = Path(args.out) if args.out else REPO_ROOT / "results" / "sweeps" / Path(args.workload).stem
     try:
@@ -332,9 +408,11 @@ def main(args: argparse.Namespace) -> int:
         "wall_s": round(result.wall_s, 2),
         "executor": f"dask {args.dask_scheduler}" if args.dask_scheduler else f"processes x {args.jobs or os.cpu_count()}",
     }
+    data = data_file(configs[0])
     manifest = {
-        "command": command_line(args, out),
+        "command": command_line(args, out, data),
         "workload": args.workload,
+        "data_file": data,
         "grid": str(args.grid),
         "grid_fixed": grid.fixed,
         "grid_axes": grid.axes,

@@ -3,6 +3,8 @@
 The sweep runs with the fake simulator of test_sweep_run (deterministic, with a pool
 that fills with load x state blocks), so the tables' numbers are known here.
 """
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,8 +13,12 @@ from core.config import ConfigError
 import sim.sweep as sweep
 from sim.cli import main as cli
 from sim.figures import make_figures
+from sim import readme
+from sim.readme import BLOCK, fill
 from sim.report import read_points_csv
 from test_sweep_run import fake_simulate, no_prepare
+
+REPO = Path(__file__).resolve().parent.parent
 
 GRID = """\
 fixed: {num_requests: 10}
@@ -57,7 +63,11 @@ def test_paper_figures_and_report(tmp_path, monkeypatch):
     # fake: store_all demand = load x 4 / (100 gmu): memory-bound at 64 and 256 for both gmu -> n = 4; slack n = 2.
     assert "| qwen3.5-35b-a3b | reconstruct | throughput (higher is better) | memory-bound | 4 |" in report
     assert "| qwen3.5-35b-a3b | reconstruct | throughput (higher is better) | slack | 2 | 1 | 1 | 1 |" in report
-    assert "![Peak KV-cache usage against load](figures/fig2_peak_kv_usage.png)" in report
+    assert "![Peak KV + state pool usage against load](figures/fig2_peak_kv_usage.png)" in report
+    # The infeasible 397B gmu 0.6 points are explained beside the figures, not left as empty legend entries.
+    assert ("Not drawn: 397b-a17b at gmu 0.6: 9 points infeasible: the weights and fixed memory do not fit "
+            "(4.20 GiB missing per GPU).") in report
+    assert "A point is memory-bound when `store_all`" in report and "(higher is better)" in report
     assert "| qwen3.5-35b-a3b | 0.6 | 1 | 6.667 | 1.667 | 1.667 |" in report  # peak KV usage, %
     assert "## Figure 4: Draft-tree shapes per policy" in report and "Not drawn" in report
     # Same sweep, same report (no timestamps in it).
@@ -73,6 +83,80 @@ def test_tree_figure(tmp_path, monkeypatch):
     assert "| qwen3.5-35b-a3b | 0.9 | 8 | 3,3,3 | store_all | 3.24 | 40 |" in report
     assert "| qwen3.5-35b-a3b | 0.9 | 8 | 1,1,1 | store_all | 3.24 | 4 |" in report
     assert "| qwen3.5-35b-a3b | 0.9 | 8 | 3,3,3 | reconstruct | 3.24 | 1 |" in report
+
+
+TREES5 = """\
+fixed: {model: qwen3.5-35b-a3b, num_requests: 10}
+axes:
+  policy_overrides.draft_tree_widths: [[1], [1, 1], [1, 1, 1], [2, 2, 2], [3, 3, 3]]
+  engine.gmu: [0.9]
+  client.max_concurrency: [32, 128]
+  policy: [store_all, reconstruct]
+"""
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def test_tree_sweep_figures_fit_a_page(tmp_path, monkeypatch):
+    """Five trees: figures 2-3 wrap into rows of at most four panels (they were one row of
+    five, 3,200 px wide), figure 4 is a portrait grid of two panels a row."""
+    out = sweep_and_draw(tmp_path, monkeypatch, TREES5)
+    for stem in ("fig2_peak_kv_usage", "fig3_ttft_throughput"):
+        width, _ = png_size(out / "figures" / f"{stem}.png")
+        assert width <= 4 * 3.7 * 130 + 150, (stem, width)
+    width, height = png_size(out / "figures" / "fig4_trees.png")
+    assert width <= 2 * 5.0 * 130 + 150 and height < 3 * width
+    report = (out / "report.md").read_text()
+    assert "Top row: accepted length and state blocks per tree" in report
+
+
+def test_log_axes_label_plain_numbers():
+    import matplotlib.pyplot as plt
+    from sim.figures import _log_ticks
+
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [0.7, 3.0])
+    ax.set_yscale("log")
+    _log_ticks(ax)
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    plt.close(fig)
+    assert labels and all(re.fullmatch(r"[\d.]+", t) for t in labels), labels  # no "3 x 10^0"
+
+
+# ------------------------------------------------------------------------ README
+README = REPO / "README.md"
+
+
+def test_readme_numbers_equal_the_committed_outputs():
+    """The README's generated blocks say what docs/ says (`make docs` rewrites both)."""
+    text = README.read_text()
+    names = [m["name"] for m in BLOCK.finditer(text)]
+    assert names == list(readme.BLOCKS), names
+    assert fill(text, readme.render()) == text, "README.md differs from docs/: run `make docs`"
+
+
+def test_readme_links_and_images_exist_in_a_clone():
+    text = README.read_text()
+    targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    local = [t for t in targets if not re.match(r"https?://", t)]
+    assert local and not [t for t in local if t.startswith("..")]
+    missing = [t for t in local if not (REPO / t).exists()]
+    assert not missing, missing
+    tracked = subprocess.run(["git", "ls-files", *local], cwd=REPO, capture_output=True, text=True).stdout.split()
+    assert sorted(set(tracked)) == sorted(set(local)), "README links to files git does not track"
+    assert "../shared" not in text and "DESIGN.md" not in text
+
+
+def test_readme_quick_start_commands_exist():
+    text = README.read_text()
+    assert text.index("## Quick start") < text.index("## Reading the figures")
+    assert "make venv" in text and ".venv/bin/specsim run --config configs/run.example.yaml --out runs/example" in text
+    for section in ("## Memory pool", "## Engine semantics", "## Step latency", "## Kernels", "## Calibration"):
+        assert f"\n{section}\n" in text, section
 
 
 def test_figures_need_a_sweep(tmp_path):

@@ -17,8 +17,9 @@ R = TypeVar("R")
 
 def resolve_path(path: str | None, path_env: str | None, workload: str, where_to_get: str) -> Path:
     """The data file from the `path` key (YAML or override), else from `$path_env`."""
-    how = (f"give it as the workload override path=FILE (`specsim workload stats {workload} --set path=FILE`, "
-           f"`specsim run --workload {workload} --set workload_overrides.path=FILE`)")
+    how = (f"give it as the workload override path=FILE (`specsim run --workload {workload} --set "
+           f"workload_overrides.path=FILE`, the same for `specsim sweep`, `make sweep WORKLOAD={workload} "
+           f"ARGS='--set workload_overrides.path=FILE'`, `specsim workload stats {workload} --set path=FILE`)")
     if path_env:
         how += f" or set the environment variable {path_env}=FILE"
     raw, origin = (path, "path") if path else (os.environ.get(path_env or "") or None, path_env)

@@ -12,7 +12,7 @@ from workloads import azure, burstgpt, sharegpt, specbench, synthetic
 from workloads.acceptance import validate_acceptance
 from workloads.base import Sample, Workload, WorkloadError
 from workloads.files import resolve_path
-from workloads.schema import (SPEC_ADAPTER, AzureSpec, BurstGPTSpec, FixedSpec, ShareGPTSpec, SpecBenchSpec,
+from workloads.schema import (SPEC_KINDS, AzureSpec, BurstGPTSpec, FixedSpec, ShareGPTSpec, SpecBenchSpec,
                               SyntheticSpec, WorkloadSpec)
 
 WORKLOAD_DIR = CONFIG_DIR / "workloads"
@@ -73,11 +73,17 @@ def load_spec(name: str, overrides: dict[str, Any] | None = None) -> WorkloadSpe
     path = workload_path(name)
     data = {"name": path.stem, **read_yaml(path)}
     data = apply_overrides(data, overrides or {})
+    source = str(path) + (f" with overrides {overrides}" if overrides else "")
+    kind = data.get("kind")
+    if kind not in SPEC_KINDS:
+        raise WorkloadError(f"{source}: kind {kind!r} is not a workload kind; valid: {', '.join(SPEC_KINDS)}")
+    # Validated against its kind's own class (not the union), so errors name the key as the
+    # YAML and `--set workload_overrides.<key>` do, and an unknown key lists the valid ones.
+    cls = SPEC_KINDS[kind]
     try:
-        return SPEC_ADAPTER.validate_python(data)
+        return cls.model_validate(data)
     except ValidationError as e:
-        source = str(path) + (f" with overrides {overrides}" if overrides else "")
-        raise WorkloadError(format_validation_error(source, e)) from None
+        raise WorkloadError(format_validation_error(source, e, cls)) from None
 
 
 def _sample(spec: WorkloadSpec, num_requests: int, seed: int) -> Sample:

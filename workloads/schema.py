@@ -5,9 +5,9 @@ differs, and overrides (`--set key=value`) replace YAML keys before validation.
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Arrival = Literal["closed", "poisson", "gamma", "trace"]
 
@@ -91,8 +91,7 @@ class AzureSpec(_FromFile):
     arrival: Arrival = "trace"
 
 
-WorkloadSpec = Annotated[
-    Union[FixedSpec, SyntheticSpec, ShareGPTSpec, SpecBenchSpec, BurstGPTSpec, AzureSpec],
-    Field(discriminator="kind"),
-]
-SPEC_ADAPTER: TypeAdapter[WorkloadSpec] = TypeAdapter(WorkloadSpec)
+WorkloadSpec = Union[FixedSpec, SyntheticSpec, ShareGPTSpec, SpecBenchSpec, BurstGPTSpec, AzureSpec]
+# kind -> its spec class (what `kind:` in a workload YAML selects)
+SPEC_KINDS: dict[str, type[_Common]] = {cls.model_fields["kind"].annotation.__args__[0]: cls
+                                        for cls in WorkloadSpec.__args__}

@@ -91,7 +91,8 @@ def parse_records(text: str, origin: str, limit: int | None = None) -> tuple[lis
         except json.JSONDecodeError as e:
             if text.rstrip().endswith("]"):  # complete file, broken inside: not truncation
                 raise WorkloadError(f"{origin}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-            return records, f"file truncated: {len(records)} complete conversations read, the partial last one dropped"
+            return records, (f"file truncated at line {e.lineno}: {len(records)} complete conversations read, "
+                             "the partial last one dropped")
         records.append(record)
         i = ws.match(text, i).end()
         sep = text[i:i + 1]
@@ -100,7 +101,9 @@ def parse_records(text: str, origin: str, limit: int | None = None) -> tuple[lis
         elif sep == "":
             return records, f"file ends after {len(records)} conversations without closing the array"
         elif sep != "]":
-            raise WorkloadError(f"{origin}: invalid JSON after conversation {len(records)}: expected ',' or ']'")
+            line, column = text.count("\n", 0, i) + 1, i - text.rfind("\n", 0, i)
+            raise WorkloadError(f"{origin}: invalid JSON at line {line} column {column}, after conversation "
+                                f"{len(records)}: expected ',' or ']'")
     return records, ""
 
 

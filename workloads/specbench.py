@@ -34,7 +34,7 @@ def read_questions(path: Path) -> tuple[tuple[str, str], ...]:
             try:
                 q = json.loads(line)
             except json.JSONDecodeError as e:
-                raise WorkloadError(f"{path}: line {line_no}: not valid JSON: {e.msg}") from None
+                raise WorkloadError(f"{path}: line {line_no}, column {e.colno}: not valid JSON: {e.msg}") from None
             turns = q.get("turns") if isinstance(q, dict) else None
             if not (isinstance(turns, list) and turns and isinstance(turns[0], str) and turns[0].strip()):
                 raise WorkloadError(f"{path}: line {line_no}: expected a 'turns' list whose first item is the "

@@ -1,0 +1,171 @@
+"""`specsim report --readme`: the README's numbers, computed from the outputs committed in docs/.
+
+README.md holds generated blocks between `<!-- generated: NAME -->` and
+`<!-- end generated: NAME -->`. This module renders each block from the committed
+sweep folders (`docs/sweeps/<name>/points.csv`, `sweep.json`) and single runs
+(`docs/runs/<workload>-<policy>.json`, summary.json files); `--write` puts them into
+the README, `--check` fails when the README says something else. `make docs` reruns
+everything and writes both (so the README cannot drift from what the outputs say).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from core.config import REPO_ROOT, ConfigError, GiB, MiB
+from sim.report import BASELINE, breakdown_table, md_table, policies_in, read_points_csv
+
+DOCS = REPO_ROOT / "docs"
+PAPER_SWEEP = "sweeps/sharegpt"
+TREES_SWEEP = "sweeps/sharegpt-trees"
+# The single runs of the README's "one point, three policies" table, in table order.
+RUN_WORKLOADS = ("synthetic-fixed", "sharegpt")
+RUN_POLICIES = ("store_all", "reconstruct", "replay")
+RUN_ARGS = "--model qwen3.5-35b-a3b --hardware h200 --gmu 0.6 --concurrency 128 --num-requests 1000 --seed 0"
+BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated: (?P=name) -->)", re.S)
+
+
+def _read_sweep(docs: Path, name: str) -> tuple[pd.DataFrame, dict[str, Any]]:
+    folder = docs / name
+    if not (folder / "points.csv").is_file() or not (folder / "sweep.json").is_file():
+        raise ConfigError(f"{folder}: no points.csv and sweep.json; `make docs` writes them")
+    return read_points_csv(folder / "points.csv"), json.loads((folder / "sweep.json").read_text())
+
+
+def _read_run(docs: Path, workload: str, policy: str) -> dict[str, Any]:
+    path = docs / "runs" / f"{workload}-{policy}.json"
+    if not path.is_file():
+        raise ConfigError(f"{path}: missing; `make docs` writes it")
+    return json.loads(path.read_text())
+
+
+def _x(v: float) -> str:
+    """A ratio as the figures print it."""
+    return f"{v:.2f}x"
+
+
+# ------------------------------------------------------------------------- blocks
+def headline(docs: Path) -> str:
+    """Figure 1's numbers: geometric-mean ratios per model, policy and metric, by class."""
+    df, manifest = _read_sweep(docs, PAPER_SWEEP)
+    table = breakdown_table(df)
+    rows = []
+    for (model, policy, metric), group in table.groupby(["model", "policy", "metric"], sort=False):
+        cells = {r["class"]: (f"{_x(r['geomean'])} (n={r['n']})" if r["n"] else "no points") for _, r in group.iterrows()}
+        rows.append({"model": model, "policy": policy, "metric": metric,
+                     "memory-bound": cells.get("memory-bound", "-"), "slack": cells.get("slack", "-")})
+    counts = df["status"].value_counts()
+    bad = df[df["status"] != "ok"]
+    why = "; ".join(f"{model} at gmu {gmu:g} ({len(g)} points)" for (model, gmu), g in bad.groupby(["model", "engine.gmu"], sort=False))
+    text = (f"`{manifest['command']}`: {len(df)} points, {counts.get('ok', 0)} ran"
+            + (f", {len(bad)} did not ({', '.join(f'{n} {s}' for s, n in bad['status'].value_counts().items())}: {why})" if len(bad) else "")
+            + f". Ratio = policy / `{BASELINE}` at the same point, geometric mean over the points of a class "
+            "(n = points); the same numbers are printed under figure 1's bars.\n\n")
+    return text + md_table(pd.DataFrame(rows))
+
+
+def one_point(docs: Path) -> str:
+    """The six single runs: each policy on two workloads at one memory-bound point."""
+    rows, pools = [], set()
+    for workload in RUN_WORKLOADS:
+        for policy in RUN_POLICIES:
+            s = _read_run(docs, workload, policy)
+            pools.add((s["pool_bytes"], s["num_blocks"], s["block_bytes"], s["block_size_tokens"]))
+            rows.append({
+                "workload": workload, "policy": policy, "state blocks / request": s["state_blocks_per_request"],
+                "out tok/s": f"{s['output_throughput_tok_s']:.0f}",
+                "TTFT mean / p99 (s)": f"{s['ttft_mean_s']:.2f} / {s['ttft_p99_s']:.2f}",
+                "TPOT mean (ms)": f"{1000 * s['tpot_mean_s']:.1f}",
+                "peak / mean pool usage": f"{s['peak_kv_usage']:.2f} / {s['mean_kv_usage']:.2f}",
+                "waited for memory": s["waited_for_memory"], "preemptions": s["preemptions"],
+                "mean engine wait (s)": f"{s['mean_waiting_s']:.2f}", "latency": s["latency_source"],
+            })
+    pool, blocks, block_bytes, tokens = sorted(pools)[0]
+    intro = (f"Pool {pool / GiB:.2f} GiB: {blocks:,} blocks of {block_bytes / MiB:.2f} MiB, attention blocks "
+             f"enlarged to {tokens:g} tokens. Each row: `specsim run {RUN_ARGS} --policy P --workload W`.\n\n")
+    return intro + md_table(pd.DataFrame(rows))
+
+
+def trees(docs: Path) -> str:
+    """Output throughput per tree shape and policy at the trees grid's largest gmu and load."""
+    df, manifest = _read_sweep(docs, TREES_SWEEP)
+    ok = df[df["status"] == "ok"]
+    load = manifest.get("load_axis")
+    gmu = ok["engine.gmu"].max()
+    at = ok[ok["engine.gmu"] == gmu]
+    where = f"gmu {gmu:g}"
+    if load:
+        at = at[at[load] == at[load].max()]
+        where += f", {load.split('.')[-1]} {at[load].max():g}"
+    wide = at.pivot_table(index="tree", columns="policy", values="output_throughput_tok_s", sort=False)
+    wide = wide[policies_in(at)].map(lambda v: f"{v:.0f}").reset_index()
+    wide["tree"] = wide["tree"].map(lambda t: f"({t})")
+    return f"Output tok/s on `{manifest['workload']}` at {where} (`{manifest['command']}`):\n\n" + md_table(wide)
+
+
+def timing(docs: Path) -> str:
+    _, manifest = _read_sweep(docs, PAPER_SWEEP)
+    first = next((c for c in reversed(manifest.get("history", [])) if c["cached"] == 0), None)
+    cached = next((c for c in reversed(manifest.get("history", [])) if c["ran"] == 0), None)
+    parts = []
+    if first:
+        parts.append(f"{first['ran']} points in {first['wall_s']:.0f} s on {first['executor']} from an empty folder")
+    if cached:
+        parts.append(f"{cached['wall_s']:.1f} s when every point is cached")
+    return ("The paper sweep as committed in `docs/` (its `sweep.json`): " + ", ".join(parts) + ".\n"
+            if parts else "The committed sweep.json records no timing.\n")
+
+
+BLOCKS: dict[str, Callable[[Path], str]] = {"headline": headline, "one-point": one_point, "trees": trees, "timing": timing}
+
+
+def render(docs: Path = DOCS) -> dict[str, str]:
+    return {name: make(docs) for name, make in BLOCKS.items()}
+
+
+def fill(readme: str, blocks: dict[str, str]) -> str:
+    """README text with every generated block replaced; a block the README names but this
+    module does not know is an error (so a typo cannot leave stale numbers)."""
+    unknown = sorted({m["name"] for m in BLOCK.finditer(readme)} - set(blocks))
+    if unknown:
+        raise ConfigError(f"README names generated block(s) {unknown}; known: {', '.join(blocks)}")
+    return BLOCK.sub(lambda m: m.group(1) + blocks[m["name"]] + m.group(4), readme)
+
+
+# ---------------------------------------------------------------------------- CLI
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--readme", action="store_true", required=True,
+                   help="print the README's generated blocks (the only report there is so far)")
+    p.add_argument("--docs", type=Path, default=DOCS, help="folder of the committed outputs (default: docs/)")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--write", type=Path, metavar="README", help="replace the generated blocks in this file")
+    what.add_argument("--check", type=Path, metavar="README", help="exit 1 if this file's blocks differ")
+
+
+def main(args: argparse.Namespace) -> int:
+    blocks = render(args.docs)
+    if not (args.write or args.check):
+        for name, text in blocks.items():
+            print(f"<!-- generated: {name} -->\n{text}<!-- end generated: {name} -->\n")
+        return 0
+    path = args.write or args.check
+    text = path.read_text()
+    new = fill(text, blocks)
+    if args.write:
+        path.write_text(new)
+        print(f"wrote the generated blocks of {path}")
+        return 0
+    stale = [m["name"] for m, n in zip(BLOCK.finditer(text), BLOCK.finditer(new)) if m["body"] != n["body"]]
+    if stale:
+        print(f"{path}: generated block(s) {', '.join(stale)} differ from {args.docs}; "
+              f"run `specsim report --readme --write {path}`", file=sys.stderr)
+        return 1
+    print(f"{path}: every generated block matches {args.docs}")
+    return 0
