@@ -287,7 +287,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+        got = "an empty file" if data is None else f"a {type(data).__name__}"
+        raise ConfigError(f"{path}: expected a mapping of field: value at the top level, got {got}")
     return data
 
 

@@ -157,7 +157,7 @@ def memory_budget(model: ModelConfig, hw: HardwareConfig, engine: EngineConfig,
             f"{need / GiB:.2f} GiB per GPU (weights {weights / GiB:.2f} + profile-run peak {act / GiB:.2f} + "
             f"non-torch {non_torch / GiB:.2f} + CUDA graphs {graphs / GiB:.2f}) but gmu x "
             f"{device / GiB:.2f} GiB = {requested / GiB:.2f} GiB; {-pool / GiB:.2f} GiB missing "
-            f"(raise gmu to at least {min(1.0, need / device + 0.005):.3f} or use more tensor parallelism)"
+            f"(raise gmu to at least {min(1.0, need / device + 0.005):.3f} or raise tensor_parallel in configs/models/{model.name}.yaml, now {model.tensor_parallel})"
         )
     return MemoryBudget(device, engine.gmu, requested, weights, fwd, sampler, act, act_src, non_torch, graphs,
                         pool, "profiled")

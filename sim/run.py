@@ -12,6 +12,7 @@ import argparse
 import csv
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -137,23 +138,31 @@ FLAG_KEYS = {  # argparse dest -> dotted RunConfig key
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", type=Path, help="run.yaml with RunConfig fields (flags and --set override it)")
-    p.add_argument("--model", help=f"one of {', '.join(model_names())} (default {RunConfig().model})")
-    p.add_argument("--hardware", help=f"one of {', '.join(hardware_names())} (default {RunConfig().hardware})")
-    p.add_argument("--policy", help=f"one of {', '.join(policy_names())} (default {RunConfig().policy})")
-    p.add_argument("--workload", help=f"one of {', '.join(workload_names())} (default {RunConfig().workload})")
-    p.add_argument("--gmu", type=float, help="GPU memory utilisation in (0, 1]")
-    p.add_argument("--concurrency", type=int, help="client max concurrency (closed loop)")
-    p.add_argument("--request-rate", type=float, help="open loop: requests per second")
-    p.add_argument("--burstiness", type=float, help="Gamma shape of the arrival gaps (1 = Poisson)")
-    p.add_argument("--num-requests", type=int)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--tree", help="draft tree widths per depth, e.g. 1,1,1 or 3,3,3")
-    p.add_argument("--allocator", choices=["paged", "ideal"])
+    d = RunConfig()
+    p.add_argument("--config", type=Path, help="a YAML file of RunConfig fields, e.g. configs/run.example.yaml "
+                   "(flags and --set override it; fields it leaves out keep their defaults)")
+    p.add_argument("--model", help=f"one of {', '.join(model_names())} (default {d.model})")
+    p.add_argument("--hardware", help=f"one of {', '.join(hardware_names())} (default {d.hardware})")
+    p.add_argument("--policy", help=f"one of {', '.join(policy_names())} (default {d.policy})")
+    p.add_argument("--workload", help=f"one of {', '.join(workload_names())}, or a workload YAML (default {d.workload})")
+    p.add_argument("--gmu", type=float, help=f"GPU memory utilisation in (0, 1]: the share of device memory vLLM "
+                   f"may use (engine.gmu; default {d.engine.gmu})")
+    p.add_argument("--concurrency", type=int, help="closed loop: at most this many requests in flight "
+                   "(client.max_concurrency; default: none, every request is sent at t = 0)")
+    p.add_argument("--request-rate", type=float, help="open loop: requests per second (client.request_rate)")
+    p.add_argument("--burstiness", type=float, help=f"Gamma shape of the arrival gaps, 1 = Poisson "
+                   f"(client.burstiness; default {d.client.burstiness:g})")
+    p.add_argument("--num-requests", type=int, help=f"requests to sample from the workload (default {d.num_requests})")
+    p.add_argument("--seed", type=int, help=f"seed of the request sample, arrivals and accepted lengths (default {d.seed})")
+    p.add_argument("--tree", help="draft tree widths per depth, e.g. 1,1,1 or 3,3,3 (default: the policy's, 1,1,1)")
+    p.add_argument("--allocator", choices=["paged", "ideal"], help="paged: vLLM's hybrid block pool; ideal: "
+                   f"byte-exact, no block rounding (engine.allocator; default {d.engine.allocator})")
     p.add_argument("--trace-steps", action="store_true", default=None, help="also write steps.csv and events.csv")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any RunConfig field by dotted key, e.g. engine.admission=first_chunk (repeatable)")
-    p.add_argument("--out", type=Path, help="directory for summary.json, requests.csv, config.yaml")
+                   help="any RunConfig field by dotted key, e.g. engine.admission=first_chunk or "
+                        "workload_overrides.path=FILE (repeatable)")
+    p.add_argument("--out", type=Path, help="directory for summary.json, requests.csv and config.yaml "
+                   "(default: none; without --out nothing is written, the summary is only printed)")
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
@@ -168,6 +177,8 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
 
 
 def build_config(args: argparse.Namespace) -> RunConfig:
+    if args.config and not args.config.is_file():
+        raise ConfigError(f"--config {args.config}: no such file (configs/run.example.yaml is an example to copy)")
     data: dict[str, Any] = read_yaml(args.config) if args.config else {}
     sources = [str(args.config)] if args.config else []
     for dest, key in FLAG_KEYS.items():
@@ -202,4 +213,6 @@ def main(args: argparse.Namespace) -> int:
     if args.out:
         print(f"wrote {os.fspath(args.out)}/summary.json, requests.csv, config.yaml"
               + (", steps.csv, step_state.csv, events.csv" if cfg.trace_steps else ""))
+    else:
+        print("no files written: add --out DIR to keep summary.json, requests.csv and config.yaml", file=sys.stderr)
     return 0
