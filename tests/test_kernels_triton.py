@@ -163,6 +163,7 @@ PATHS = {  # name: (tuning, trees)
     "blocked-small": (Tuning(verify="blocked", commit="loop"), [chain(4), chain(2), [-1]]),
     "blocked-large": (Tuning(verify="blocked"), [chain(20), full((2, 2, 2))]),
     "fused-bv16-ieee": (Tuning(verify_bv=16, commit_bv=16, prec="ieee"), [chain(33), full((3, 3)), [-1]]),
+    "fused-pack": (Tuning(pack=True), [chain(8), full((2, 2)), star(5), [-1]]),
 }
 
 
@@ -184,7 +185,9 @@ def test_tuning_rejects_bad_fields():
         Tuning.parse("verify_bv=24")
     with pytest.raises(ValueError, match="unknown tuning field 'bv'"):
         Tuning.parse("bv=16")
-    assert Tuning.parse("commit=loop,verify_warps=2") == Tuning(commit="loop", verify_warps=2)
+    assert Tuning.parse("commit=loop,verify_warps=2,pack=true") == Tuning(commit="loop", verify_warps=2, pack=True)
+    with pytest.raises(ValueError, match="pack takes true or false"):
+        Tuning.parse("pack=yes")
 
 
 @pytest.mark.parametrize("tuning", [Tuning(), Tuning(rows_max=16)], ids=["default", "rows"])

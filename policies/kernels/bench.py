@@ -60,7 +60,8 @@ CHAINS = (2, 16, 32, 64)      # extra chains (positions T), beside (1,1,1) = 4 a
 POLICIES = ("store_all", "reconstruct", "replay", "reconstruct_deferred")
 STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # --reference-store-all: store_all timed beside a filtered run at these (model, tree, B)
-STORE_ALL_REFERENCE = {("qwen3.5-35b-a3b", "1,1,1", 64), ("qwen3.5-35b-a3b", "1,1,1", 128)}
+STORE_ALL_REFERENCE = {("qwen3.5-35b-a3b", "1,1,1", 64), ("qwen3.5-35b-a3b", "1,1,1", 128),
+                       ("qwen3.5-35b-a3b", "3,3,3", 128)}
 if REHEARSAL:
     STORE_ALL_REFERENCE = {("qwen3.5-35b-a3b", "1,1,1", 2), ("qwen3.5-35b-a3b", "1,1,1", 3)}
 FLUSH_INTERVAL = 4            # replay's m: flush every 4th commit
@@ -407,12 +408,15 @@ def run_variants(copy_bw: float, out: Path, deadline: float, names: tuple[str, .
                 skipped.append(f"variant {name}: not run (time budget)")
                 continue
             try:
-                errs = check_tuning(tuning, hk, hv, D, DEVICE)
+                errs = check_tuning(tuning, hk, hv, D, DEVICE, exact_outputs=False)
             except Exception as exc:  # one broken variant must not stop the others
                 print(f"variant {name}: check failed to run: {type(exc).__name__}: {exc}", flush=True)
                 skipped.append(f"variant {name}: check raised {type(exc).__name__}: {exc}")
+                _recover()
                 continue
-            ok = all(e < 1e-4 for e in errs.values())
+            # states in float32 (~1e-7 when right); outputs in bf16 against the rounded reference
+            ok = max(errs["reconstruct_state"], errs["deferred_state"]) < 1e-5 and \
+                max(errs["reconstruct_o"], errs["deferred_o"]) < 1e-2
             print(f"variant {name} ({tuning.label()}): check {'ok' if ok else 'FAILED'} "
                   + " ".join(f"{k}={v:.1e}" for k, v in errs.items()), flush=True)
             if not ok:
@@ -560,7 +564,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants-budget-s", type=float, default=0.0,
                     help="start no new variant case after this many seconds of the run (0: only --budget-s)")
     ap.add_argument("--reference-store-all", action="store_true",
-                    help="also time store_all at 35B-A3B (1,1,1), B in {64, 128}, as a same-run reference")
+                    help="also time store_all at 35B-A3B (1,1,1), B in {64, 128}, and (3,3,3), B = 128, as a "
+                         "same-run reference")
     ap.add_argument("--no-fla", action="store_true", help="skip the fla outside reference")
     ap.add_argument("--stem", default="kernels", help="output names: STEM.csv and STEM_provenance.json")
     ap.add_argument("--kernel-ts", default="1,2,4,8,16,32,64,128",
@@ -599,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
         "units": "S = B Hv 128 128 x (4: float32 state, 2: bfloat16, column state_dtype); q, k, v, o bf16; "
                  "g, beta, u float32",
     }
-    prov["policies"] = list(policies) + (["store_all (reference: 35B (1,1,1), B 64, 128)"]
+    prov["policies"] = list(policies) + (["store_all (reference: 35B (1,1,1), B 64, 128; (3,3,3), B 128)"]
                                          if args.reference_store_all and "store_all" not in policies else [])
     prov["state_dtypes"] = list(dtypes)
     prov["tuning"] = treewy.TUNING.label()

@@ -52,7 +52,9 @@ class Tuning:
     rows_max: trees of at most this many positions use "rows" whatever `verify` says.
     commit: "dot" (`_commit_dot_kernel`, the path in 16-node tl.dot blocks) or "loop"
     (`_state_kernel`, one rank-1 update per path node). pending (reconstruct_deferred): the
-    previous commit in tl.dot blocks or one rank-1 update per node. prec: see `_dot`. bv: state
+    previous commit in tl.dot blocks or one rank-1 update per node. pack: trees of at most 8
+    positions multiply the state once, k and q rows in one tile (see `_fused_kernel`). prec:
+    see `_dot`. bv: state
     rows per program. stages:
     Triton's software pipelining of the block loops; 1 (none) by default: most trees are one
     block, and a deeper pipeline's shared-memory buffers cut the programs in flight per SM.
@@ -67,6 +69,7 @@ class Tuning:
     commit_warps: int = 4
     commit_stages: int = 1
     pending: str = "dot"
+    pack: bool = False
     prec: str = DOT_PRECISION
 
     def __post_init__(self) -> None:
@@ -98,7 +101,12 @@ class Tuning:
             key, _, val = item.partition("=")
             if key not in names:
                 raise ValueError(f"unknown tuning field {key!r}; valid: {', '.join(names)}")
-            kw[key] = names[key](val)
+            if names[key] is bool:
+                if val.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(f"tuning field {key} takes true or false, got {val!r}")
+                kw[key] = val.lower() in ("true", "1")
+            else:
+                kw[key] = names[key](val)
         return cls(**kw)
 
     def label(self) -> str:
@@ -459,7 +467,7 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
                   pu_ptr, pk_ptr, pg_ptr, pn_ptr, T, Hk, Hv, O_START, T_OUT, P,
                   DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                   NSQ: tl.constexpr, PENDING: tl.constexpr, QK16: tl.constexpr, PK16: tl.constexpr,
-                  PREC: tl.constexpr, PDOT: tl.constexpr):
+                  PREC: tl.constexpr, PDOT: tl.constexpr, PACK: tl.constexpr):
     """Solve and state pass in one program per (sequence, v-head, v-block), 16 positions at a time.
 
     The tile s = S_0[rv, :] is read once (PENDING: S_old, brought up to date by the previous
@@ -471,7 +479,8 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
     accurate (`_dot`). L_jj is strictly lower triangular, so
     (I + L)^-1 = (I - L)(I + L^2)(I + L^4)(I + L^8): NSQ factors (L^(2^NSQ) = 0 for a block of
     at most 2^NSQ positions) of independent tl.dot products instead of a 16-step substitution
-    whose every step is a cross-thread reduction.
+    whose every step is a cross-thread reduction. PACK (T <= 8): one block whose k and q rows
+    share a 16-row tile, halving the products with the state.
     """
     pid = tl.program_id(0)
     NV: tl.constexpr = DV // BV
@@ -493,48 +502,84 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
         s = s.to(tl.float32)  # verify from the state exactly as committed (bf16: rounded)
     st = tl.trans(s)
     lower = rc[:, None] > rc[None, :]
-    for j in range(0, tl.cdiv(T, BC)):
-        tj = j * BC + rc
-        mj = tj < n
-        kj = tl.load(k_ptr + ((b * T + tj[:, None]) * Hk + hk) * DK + rk[None, :], mask=mj[:, None],
+    if PACK:
+        # T <= 8: K and Q share one 16-row tile, so a single product with the state gives
+        # S k_p (rows 0-7) and S q_p (rows 8-15); sh moves rows 8-15 up to their positions.
+        half: tl.constexpr = BC // 2
+        isk = rc < half
+        pos = rc % half
+        mp = pos < n
+        kq = tl.where(isk[:, None],
+                      tl.load(k_ptr + ((b * T + pos[:, None]) * Hk + hk) * DK + rk[None, :], mask=(isk & mp)[:, None],
+                              other=0.0),
+                      tl.load(q_ptr + ((b * T + pos[:, None]) * Hk + hk) * DK + rk[None, :], mask=(~isk & mp)[:, None],
+                              other=0.0)).to(tl.float32)
+        m0 = isk & mp  # rows that are positions
+        v0 = tl.load(v_ptr + ((b * T + rc[:, None]) * Hv + h) * DV + rv[None, :], mask=m0[:, None],
                      other=0.0).to(tl.float32)
-        qj = tl.load(q_ptr + ((b * T + tj[:, None]) * Hk + hk) * DK + rk[None, :], mask=mj[:, None],
-                     other=0.0).to(tl.float32)
-        vj = tl.load(v_ptr + ((b * T + tj[:, None]) * Hv + h) * DV + rv[None, :], mask=mj[:, None],
-                     other=0.0).to(tl.float32)
-        bj = tl.load(beta_ptr + (b * T + tj) * Hv + h, mask=mj, other=0.0).to(tl.float32)
-        gj = tl.load(gc_ptr + (b * T + tj) * Hv + h, mask=mj, other=0.0)
-        ej = tl.exp(gj)
-        rhs = bj[:, None] * (vj - ej[:, None] * _dot(kj, st, QK16, False, PREC))
-        oj = ej[:, None] * _dot(qj, st, QK16, False, PREC)
-        for i in range(0, j):
-            ti = i * BC + rc
-            ki = tl.load(k_ptr + ((b * T + ti[:, None]) * Hk + hk) * DK + rk[None, :], mask=(ti < n)[:, None],
-                         other=0.0).to(tl.float32)
-            gi = tl.load(gc_ptr + (b * T + ti) * Hv + h, mask=ti < n, other=0.0)
-            ui = tl.load(u_ptr + ((b * T + ti[:, None]) * Hv + h) * DV + rv[None, :])
-            anc = tl.load(mask_ptr + b * BT * BT + tj[:, None] * BT + ti[None, :]) != 0
-            dec = tl.where(anc, tl.exp(gj[:, None] - gi[None, :]), 0.0)
-            a_ji = bj[:, None] * dec * _dot(kj, tl.trans(ki), QK16, QK16, PREC)
-            rhs -= _dot(a_ji, ui, False, False, PREC)
-            oj += _dot(dec * _dot(qj, tl.trans(ki), QK16, QK16, PREC), ui, False, False, PREC)
-        anc = tl.load(mask_ptr + b * BT * BT + tj[:, None] * BT + tj[None, :]) != 0
-        dec = tl.where(anc, tl.exp(gj[:, None] - gj[None, :]), 0.0)
-        uj = rhs
+        b0 = tl.load(beta_ptr + (b * T + rc) * Hv + h, mask=m0, other=0.0).to(tl.float32)
+        g0 = tl.load(gc_ptr + (b * T + rc) * Hv + h, mask=m0, other=0.0)
+        anc = (tl.load(mask_ptr + b * BT * BT + rc[:, None] * BT + rc[None, :]) != 0) & m0[:, None] & m0[None, :]
+        dec = tl.where(anc, tl.exp(g0[:, None] - g0[None, :]), 0.0)
+        sh = (rc[None, :] == rc[:, None] + half).to(tl.float32)
+        rr = _dot(kq, st, QK16, False, PREC)
+        gg = _dot(kq, tl.trans(kq), QK16, QK16, PREC)  # k.k top left, q.k bottom left
+        uj = b0[:, None] * (v0 - tl.exp(g0)[:, None] * tl.where(m0[:, None], rr, 0.0))
         if NSQ > 0:
-            lp = tl.where(lower, bj[:, None] * dec * _dot(kj, tl.trans(kj), QK16, QK16, PREC), 0.0)
-            uj = rhs - _dot(lp, rhs, False, False, PREC)
+            lp = tl.where(lower, b0[:, None] * dec * gg, 0.0)
+            uj -= _dot(lp, uj, False, False, PREC)
             for _ in tl.static_range(NSQ - 1):
                 lp = _dot(lp, lp, False, False, PREC)
                 uj += _dot(lp, uj, False, False, PREC)
-        oj += _dot(dec * _dot(qj, tl.trans(kj), QK16, QK16, PREC), uj, False, False, PREC)
-        inside = (tj < T)[:, None]
-        tl.store(u_ptr + ((b * T + tj[:, None]) * Hv + h) * DV + rv[None, :], uj, mask=inside)
-        to = tj - O_START
-        tl.store(o_ptr + ((b * T_OUT + to[:, None]) * Hv + h) * DV + rv[None, :], oj.to(o_ptr.dtype.element_ty),
-                 mask=inside & (tj >= O_START)[:, None])
-        # Later blocks of this program read these u rows back.
-        tl.debug_barrier()
+        oj = _dot(tl.exp(g0)[:, None] * sh, rr, False, False, PREC) \
+            + _dot(dec * _dot(sh, gg, True, False, PREC), uj, False, False, PREC)
+        inside = (isk & (rc < T))[:, None]
+        tl.store(u_ptr + ((b * T + rc[:, None]) * Hv + h) * DV + rv[None, :], uj, mask=inside)
+        tl.store(o_ptr + ((b * T_OUT + rc[:, None] - O_START) * Hv + h) * DV + rv[None, :],
+                 oj.to(o_ptr.dtype.element_ty), mask=inside & (rc >= O_START)[:, None])
+    else:
+        for j in range(0, tl.cdiv(T, BC)):
+            tj = j * BC + rc
+            mj = tj < n
+            kj = tl.load(k_ptr + ((b * T + tj[:, None]) * Hk + hk) * DK + rk[None, :], mask=mj[:, None],
+                         other=0.0).to(tl.float32)
+            qj = tl.load(q_ptr + ((b * T + tj[:, None]) * Hk + hk) * DK + rk[None, :], mask=mj[:, None],
+                         other=0.0).to(tl.float32)
+            vj = tl.load(v_ptr + ((b * T + tj[:, None]) * Hv + h) * DV + rv[None, :], mask=mj[:, None],
+                         other=0.0).to(tl.float32)
+            bj = tl.load(beta_ptr + (b * T + tj) * Hv + h, mask=mj, other=0.0).to(tl.float32)
+            gj = tl.load(gc_ptr + (b * T + tj) * Hv + h, mask=mj, other=0.0)
+            ej = tl.exp(gj)
+            rhs = bj[:, None] * (vj - ej[:, None] * _dot(kj, st, QK16, False, PREC))
+            oj = ej[:, None] * _dot(qj, st, QK16, False, PREC)
+            for i in range(0, j):
+                ti = i * BC + rc
+                ki = tl.load(k_ptr + ((b * T + ti[:, None]) * Hk + hk) * DK + rk[None, :], mask=(ti < n)[:, None],
+                             other=0.0).to(tl.float32)
+                gi = tl.load(gc_ptr + (b * T + ti) * Hv + h, mask=ti < n, other=0.0)
+                ui = tl.load(u_ptr + ((b * T + ti[:, None]) * Hv + h) * DV + rv[None, :])
+                anc = tl.load(mask_ptr + b * BT * BT + tj[:, None] * BT + ti[None, :]) != 0
+                dec = tl.where(anc, tl.exp(gj[:, None] - gi[None, :]), 0.0)
+                a_ji = bj[:, None] * dec * _dot(kj, tl.trans(ki), QK16, QK16, PREC)
+                rhs -= _dot(a_ji, ui, False, False, PREC)
+                oj += _dot(dec * _dot(qj, tl.trans(ki), QK16, QK16, PREC), ui, False, False, PREC)
+            anc = tl.load(mask_ptr + b * BT * BT + tj[:, None] * BT + tj[None, :]) != 0
+            dec = tl.where(anc, tl.exp(gj[:, None] - gj[None, :]), 0.0)
+            uj = rhs
+            if NSQ > 0:
+                lp = tl.where(lower, bj[:, None] * dec * _dot(kj, tl.trans(kj), QK16, QK16, PREC), 0.0)
+                uj = rhs - _dot(lp, rhs, False, False, PREC)
+                for _ in tl.static_range(NSQ - 1):
+                    lp = _dot(lp, lp, False, False, PREC)
+                    uj += _dot(lp, uj, False, False, PREC)
+            oj += _dot(dec * _dot(qj, tl.trans(kj), QK16, QK16, PREC), uj, False, False, PREC)
+            inside = (tj < T)[:, None]
+            tl.store(u_ptr + ((b * T + tj[:, None]) * Hv + h) * DV + rv[None, :], uj, mask=inside)
+            to = tj - O_START
+            tl.store(o_ptr + ((b * T_OUT + to[:, None]) * Hv + h) * DV + rv[None, :], oj.to(o_ptr.dtype.element_ty),
+                     mask=inside & (tj >= O_START)[:, None])
+            # Later blocks of this program read these u rows back.
+            tl.debug_barrier()
 
 
 @triton.jit
@@ -726,7 +771,8 @@ def state_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Te
                                               DK=DK, DV=DV, BV=BV, BT=mask.shape[-1], BC=BC,
                                               NSQ=(min(T, BC) - 1).bit_length(), PENDING=pending is not None,
                                               QK16=_bf16(q, k), PK16=_bf16(pd.pk), PREC=t.prec,
-                                              PDOT=t.pending == "dot", num_warps=t.verify_warps,
+                                              PDOT=t.pending == "dot", PACK=t.pack and T <= BC // 2,
+                                              num_warps=t.verify_warps,
                                               num_stages=t.verify_stages)
         return o, u
     BV = block_v(DV)
