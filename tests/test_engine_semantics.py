@@ -4,10 +4,12 @@ Scenarios use a constant step time DT, so every time is a multiple of it, and
 deterministic acceptance where a closed form needs it (helpers from
 test_engine_scenarios).
 """
+import numpy as np
 import pytest
 
 from core.config import ConfigError, EngineConfig, RunConfig
 from sim.scheduler import Scheduler
+from workloads import load_workload
 from test_engine_scenarios import ACCEPT_ALL, CURRENT, DT, OLD, by_id, scenario, setup, specs
 
 SYNC = OLD  # synchronous, no prefix caching, no draft truncation
@@ -180,3 +182,20 @@ def test_semantics_are_reported():
     assert res.semantics["align_block_tokens"] == setup(engine=CURRENT)[2].attn_block_tokens
     tree, _ = scenario(specs((100, 5)), widths=(3, 3, 3), engine=CURRENT)
     assert not tree.semantics["truncate_drafts"]  # a tree cannot be cut
+
+
+# ------------------------------------------------------------------ output lengths (--ignore-eos off)
+def test_workload_output_cap_and_resample():
+    fixed = load_workload("synthetic-fixed", 400, 3)
+    assert {r.output_tokens for r in fixed.requests} == {256}  # the data's lengths, as with --ignore-eos
+    capped = load_workload("synthetic-fixed", 400, 3, {"output_cap": 100})
+    assert {r.output_tokens for r in capped.requests} == {100} and "capped at 100" in capped.source
+    dist = {"median": 80, "sigma": 0.5, "min": 4, "max": 300}
+    drawn = load_workload("synthetic-fixed", 400, 3, {"output_resample": dist, "output_cap": 200})
+    out = np.array([r.output_tokens for r in drawn.requests])
+    assert out.min() >= 4 and out.max() <= 200 and np.median(out) == pytest.approx(80, rel=0.1)
+    assert [r.prompt_tokens for r in drawn.requests] == [r.prompt_tokens for r in fixed.requests]
+    again = load_workload("synthetic-fixed", 400, 3, {"output_resample": dist, "output_cap": 200})
+    assert [r.output_tokens for r in again.requests] == out.tolist()  # seeded
+    with pytest.raises(ConfigError, match="output_cap"):
+        load_workload("synthetic-fixed", 10, 0, {"output_cap": 0})

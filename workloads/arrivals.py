@@ -2,12 +2,13 @@
 
 Closed loop (a maximum concurrency) is the engine client's semaphore, not a schedule.
 
-vLLM's `get_request` sends a request, then sleeps a gap drawn from
-Gamma(shape = burstiness, scale = 1 / (rate x burstiness)): mean gap 1/rate whatever
-the burstiness, coefficient of variation 1/sqrt(burstiness); burstiness 1 is a
-Poisson process, below 1 burstier, above 1 more regular. The first request goes at
-t = 0. (vLLM 0.10 and later also rescale all send times so the last one falls at
-n / rate; we do not, so the gaps stay exactly Gamma-distributed.)
+vLLM's `get_request` (benchmarks/serve.py) draws one gap per request, the first one
+included, from Gamma(shape = burstiness, scale = 1 / (rate x burstiness)): mean gap
+1/rate whatever the burstiness, coefficient of variation 1/sqrt(burstiness);
+burstiness 1 is a Poisson process, below 1 burstier, above 1 more regular. The send
+times are the cumulative gaps, then all rescaled so the last send falls at n / rate
+("to close the gap for stabilizing the throughput data from different random seeds").
+So the first request waits one gap too, and the mean rate is exactly `rate`.
 """
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def gamma_arrival_times(n: int, rate: float, burstiness: float, rng: np.random.G
         return np.zeros(0)
     if math.isinf(rate):
         return np.zeros(n)
-    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n - 1)
-    return np.concatenate(([0.0], np.cumsum(gaps)))
+    t = np.cumsum(rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n))
+    return t * (n / rate / t[-1])
 
 
 def trace_arrival_times(requests: Sequence[RequestSpec], time_scale: float) -> np.ndarray:

@@ -12,6 +12,7 @@ from workloads import azure, burstgpt, sharegpt, specbench, synthetic
 from workloads.acceptance import validate_acceptance
 from workloads.base import Sample, Workload, WorkloadError
 from workloads.files import resolve_path
+from workloads.outputs import shape_outputs
 from workloads.schema import (SPEC_KINDS, AzureSpec, BurstGPTSpec, FixedSpec, ShareGPTSpec, SpecBenchSpec,
                               SyntheticSpec, WorkloadSpec)
 
@@ -117,7 +118,7 @@ def load_workload(name: str, num_requests: int, seed: int, overrides: dict[str, 
     if not isinstance(num_requests, int) or num_requests <= 0:
         raise WorkloadError(f"num_requests must be a positive integer, got {num_requests!r}")
     spec = load_spec(name, overrides)
-    sample = _sample(spec, num_requests, seed)
+    sample = shape_outputs(_sample(spec, num_requests, seed), spec.output_cap, spec.output_resample, seed)
     if not sample.requests:
         raise WorkloadError(f"workload {spec.name!r} is empty after filtering ({sample.source})")
     acceptance = validate_acceptance(spec.acceptance, sample.categories, f"workload {spec.name!r}")

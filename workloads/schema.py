@@ -16,30 +16,6 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class _Common(_Strict):
-    name: str
-    kind: str
-    description: str = ""
-    data_source: str = ""  # where the data is published (README, error messages)
-    licence: str = ""
-    # The arrival process this workload is meant to be run with; the client's settings
-    # (max_concurrency, request_rate, use_trace_arrivals) decide what actually runs.
-    arrival: Arrival = "closed"
-    # category ("" = default) -> rows per tree depth of P(rank 0), P(rank 1), ...
-    acceptance: dict[str, list[list[float]]] = Field(default_factory=dict)
-
-
-class _FromFile(_Common):
-    path: str | None = None  # the data file; when unset, the environment variable `path_env`
-    path_env: str | None = None
-
-
-class FixedSpec(_Common):
-    kind: Literal["fixed"]
-    prompt_tokens: int = Field(512, gt=0)
-    output_tokens: int = Field(256, gt=0)
-
-
 class LengthDist(_Strict):
     """Lognormal token length: round(exp(N(ln median, sigma^2))), clipped to [min, max]."""
 
@@ -54,6 +30,34 @@ class LengthDist(_Strict):
         if not self.min <= self.median <= self.max:
             raise ValueError(f"need min <= median <= max, got {self.min} <= {self.median} <= {self.max}")
         return self
+
+
+class _Common(_Strict):
+    name: str
+    kind: str
+    description: str = ""
+    data_source: str = ""  # where the data is published (README, error messages)
+    licence: str = ""
+    # The arrival process this workload is meant to be run with; the client's settings
+    # (max_concurrency, request_rate, use_trace_arrivals) decide what actually runs.
+    arrival: Arrival = "closed"
+    # category ("" = default) -> rows per tree depth of P(rank 0), P(rank 1), ...
+    acceptance: dict[str, list[list[float]]] = Field(default_factory=dict)
+    # Outputs are the data's lengths, as vLLM's benchmark gets them with --ignore-eos; without
+    # it a model may stop earlier. Either of these changes them (workloads/outputs.py).
+    output_cap: int | None = Field(None, gt=0)  # at most this many output tokens per request
+    output_resample: LengthDist | None = None  # replace every output length with a draw from this
+
+
+class _FromFile(_Common):
+    path: str | None = None  # the data file; when unset, the environment variable `path_env`
+    path_env: str | None = None
+
+
+class FixedSpec(_Common):
+    kind: Literal["fixed"]
+    prompt_tokens: int = Field(512, gt=0)
+    output_tokens: int = Field(256, gt=0)
 
 
 class SyntheticSpec(_Common):
