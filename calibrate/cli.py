@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
 import tarfile
@@ -219,7 +220,7 @@ def _replay(args: argparse.Namespace) -> int:
                         max_steps=args.max_steps, time_budget_s=args.time_budget_s, reps=args.reps,
                         warmup=args.warmup, mode=args.mode, kv_pool_gb=args.kv_pool_gb, host=not args.no_host,
                         model_name=args.model, policy_name=args.policy, device=args.device,
-                        commit=args.git_commit or provenance.git_commit())
+                        commit=args.git_commit or provenance.git_commit(), log=functools.partial(print, flush=True))
     except StepTraceError as e:
         raise ConfigError(str(e)) from None
 

@@ -247,6 +247,7 @@ class Step:
     n_logits: int
     max_q: int
     flush: bool
+    cols: int  # block-table columns the attention kernel sees (the kernel sizes its key splits by them)
     how: str  # the graphs.MODES rule the step runs under (the drafter's later passes follow it)
 
 
@@ -312,7 +313,7 @@ class Executor:
         self.d_pos = torch.zeros(N, dtype=torch.int64, device=d)
         self.d_hidden = torch.zeros(N, s.hidden, **z)  # the drafter's residual stream
         self.out = torch.zeros(N + R + k * R, dtype=torch.int64, device=d)  # tokens | accepted | drafts
-        self.out_host = torch.zeros_like(self.out, device="cpu", pin_memory=d.type == "cuda")
+        self.out_host = torch.zeros(self.out.shape, dtype=torch.int64, pin_memory=d.type == "cuda")
         # Paged KV pool: every attention layer plus the MTP layer, [blocks, block_size, kv_heads, D].
         n_attn = self.kinds.count("attn") + 1
         self.num_blocks = max(2, kv_pool_bytes // (n_attn * self.block_size * s.kv_bytes_per_token))
@@ -432,7 +433,9 @@ class Executor:
         self.i32.upload()
         return Step(lay=lay, d=d, n=nr if full else n, R=Rr, B=Br, T=T, P=P, ragged=ragged,
                     pf_cu_cpu=torch.from_numpy(pf_cu) if P else None, n_logits=nd + P,
-                    max_q=T if full else int(lay.q_lens.max()), flush=flush, how=mode or self.mode)
+                    max_q=T if full else int(lay.q_lens.max()), flush=flush,
+                    # A full graph replays at any context: its table keeps every column.
+                    cols=W if full else int(lay.blocks.max()), how=mode or self.mode)
 
     # -- dense pieces (each works on the first n rows of the static buffers)
     def _rope(self, positions: torch.Tensor, n: int) -> None:
@@ -444,18 +447,13 @@ class Executor:
         """Layer i's half before its core (i = -1: the MTP layer's attention)."""
         s = self.s
         w = self.w.layers[i] if i >= 0 else self.w.mtp_attn
-        h = F.rms_norm(x[:n], (s.hidden,), w.norm, L.EPS)
         if i >= 0 and self.kinds[i] == "gdn":
-            torch.mm(h, w.in_proj.t(), out=self.gdn_proj[:n])
+            torch.mm(F.rms_norm(x[:n], (s.hidden,), w.norm, L.EPS), w.in_proj.t(), out=self.gdn_proj[:n])
             return
-        qd, kd = s.q_heads * s.head_dim, s.kv_heads * s.head_dim
-        q, gate, k, v = F.linear(h, w.qkv).split([qd, qd, kd, kd], -1)
-        q = F.rms_norm(q.reshape(n, s.q_heads, s.head_dim), (s.head_dim,), w.q_norm, L.EPS)
-        k = F.rms_norm(k.reshape(n, s.kv_heads, s.head_dim), (s.head_dim,), w.k_norm, L.EPS)
-        q, k = L.rope(torch.cat([q, k], 1), self.cos[:n], self.sin[:n], s.rotary_dim).split([s.q_heads, s.kv_heads], 1)
+        q, gate, k, v = L._attn_in(x[:n], w, s, self.cos[:n], self.sin[:n])
         self.q[:n].copy_(q)
         self.k[:n].copy_(k)
-        self.v[:n].copy_(v.reshape(n, s.kv_heads, s.head_dim))
+        self.v[:n].copy_(v)
         self.gate[:n].copy_(gate)
 
     def _post(self, i: int, n: int, x: torch.Tensor) -> None:
@@ -474,8 +472,7 @@ class Executor:
             x[:n] += F.linear(o.reshape(n, s.gdn_v_channels), w.out_proj)
         else:
             w = self.w.layers[i] if i >= 0 else self.w.mtp_attn
-            o = self.attn_o[:n] * torch.sigmoid(self.gate[:n].view(n, s.q_heads, s.head_dim))
-            x[:n] += F.linear(o.reshape(n, s.q_heads * s.head_dim), w.o_proj)
+            x[:n].copy_(L._attn_out(x[:n], self.attn_o[:n], self.gate[:n], w, s))
 
     def moe(self, i: int, n: int, x: torch.Tensor) -> None:
         x[:n].copy_(L.moe_forward(x[:n], self.w.moe[i] if i >= 0 else self.w.mtp_moe, self.s))
@@ -504,13 +501,14 @@ class Executor:
             self._post(-1, n, x)
 
     # -- cores (eager between pieces; inside the graph in FULL mode)
-    def attn_core(self, cache: int, n: int, R: int, max_q: int, slots: torch.Tensor, seq_lens: torch.Tensor,
-                   cu_q: torch.Tensor) -> None:
+    def attn_core(self, cache: int, st: Step, n: int, R: int, max_q: int, slots: torch.Tensor,
+                  seq_lens: torch.Tensor, cu_q: torch.Tensor) -> None:
+        """Attention layer `cache`'s KV write and one paged-attention launch for all R requests."""
         kc, vc = self.kv[cache]
         self.reshape_and_cache(self.k[:n], self.v[:n], kc, vc, slots)
         W = self.table_width
-        self.paged_attention(self.q[:n], kc, vc, self.i32.d("tables", R * W).view(R, W), seq_lens, cu_q, max_q,
-                             self.s.head_dim ** -0.5, out=self.attn_o[:n])
+        self.paged_attention(self.q[:n], kc, vc, self.i32.d("tables", R * W).view(R, W)[:, :st.cols], seq_lens, cu_q,
+                             max_q, self.s.head_dim ** -0.5, out=self.attn_o[:n])
 
     def gdn_core(self, i: int, st: Step) -> None:
         """Layer i's conv and recurrence: one verify call for the decodes (then their commits),
@@ -640,7 +638,7 @@ class Executor:
             if kind == "gdn":
                 self.gdn_core(j, st)
             else:
-                self.attn_core(attn, n, R, st.max_q, slots, seq_lens, cu_q)
+                self.attn_core(attn, st, n, R, st.max_q, slots, seq_lens, cu_q)
                 attn += 1
         self._piece(("t", len(self.kinds)), lambda m: self.target_piece(len(self.kinds), m), st.d, n)
 
@@ -678,7 +676,7 @@ class Executor:
             cu_q, max_q = self.i32.d("d_cu", R + 1), 1
             d = plan([1] * n, [True] * n, self.positions, self.sizes, False, st.how)
         self._piece(("d", 0), lambda m: self.drafter_piece(0, m), d, n)
-        self.attn_core(len(self.kv) - 1, n, R, max_q, slots, seq_lens, cu_q)
+        self.attn_core(len(self.kv) - 1, st, n, R, max_q, slots, seq_lens, cu_q)
         self._piece(("d", 1), lambda m: self.drafter_piece(1, m), d, n)
         rows = last[:Rreal] if j == 0 else self.arange[:Rreal]
         return L.lm_head_forward(self.d_hidden.index_select(0, rows), self.w.head, self.s)

@@ -102,7 +102,7 @@ def measure_host(ex: object, log: Callable[[str], None] = print, quick: bool = F
         rows.append(_row("step_finish", b, ts))
         n = st.n
         slots, seq_lens, cu = ex.i64.d("slots", n), ex.i32.d("seq_lens", st.R), ex.i32.d("cu_q", st.R + 1)
-        record("attn_core", b, lambda: ex.attn_core(0, n, st.R, st.max_q, slots, seq_lens, cu))
+        record("attn_core", b, lambda: ex.attn_core(0, st, n, st.R, st.max_q, slots, seq_lens, cu))
         if gdn is not None and ex.depth:
             qkv, g, beta, nd = ex.gdn_inputs(gdn, st)
             record("gdn_verify", b, lambda: ex.verify(gdn, st, qkv[:nd], g[:nd], beta[:nd]))

@@ -219,10 +219,10 @@ def check_modes(ex: object, log: Callable[[str], None]) -> list[dict]:
     results = []
     cases = synthetic_steps(ex.positions, ex.depth, ex.sizes)
     for kind, reqs in (cases[0], cases[3]):
-        modes = ["eager", "vllm"] + (["graph"] if kind == "uniform_decode" else [])
         saved = ex.snapshot(len(reqs) + 1)
         ref = None
-        for mode in modes:
+        for mode in ("eager", "vllm"):
+            ex.run(reqs, mode=mode)  # captures its graphs: their warm-up commits, so restore after
             ex.restore(saved)
             ex.poison()
             out = ex.run(reqs, mode=mode)
@@ -316,54 +316,59 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
         for run in runs:
             key = (run.policy.model_dump_json(), run.engine.max_num_seqs, run.engine.max_num_batched_tokens)
             groups.setdefault(key, []).append(run)
-        host_reserve = HOST_RESERVE_S if host and dev.type == "cuda" else 0.0
-        for gi, group in enumerate(groups.values()):
-            left = None if time_budget_s is None else time_budget_s - host_reserve - (time.perf_counter() - t0)
-            if left is not None and left <= 0:
-                errors_ += [f"{run.name}: skipped, time budget spent" for run in group]
-                continue
-            first = group[0]
-            pol = make_policy(model, first.policy)
-            lay = block_layout(model, pol, 1 << 40)
-            block_bytes = lay.attn_block_tokens * shapes.kv_bytes_per_token * (model.attn_layers + 1)
-            all_steps = [s for run in group for s in run.steps]
-            max_ctx = max((r.context + (r.prefill or ex_positions(r)) for s in all_steps for r in s.requests),
-                          default=8192)
-            max_req = max((len(s.requests) for s in all_steps), default=160)
-            kv_bytes = kv_pool_bytes_for(group, lay.attn_block_tokens, block_bytes, model.mtp_depth,
-                                         int(kv_pool_gb * 2**30)) if all_steps else 4 << 30
-            ex = Executor(model, first.policy, device=dev, max_requests=max_req, max_context=max_ctx,
-                          max_num_seqs=first.engine.max_num_seqs or hw.max_num_seqs,
-                          max_num_batched_tokens=first.engine.max_num_batched_tokens or hw.max_num_batched_tokens,
-                          block_size=lay.attn_block_tokens, kv_pool_bytes=kv_bytes, mode=mode, kinds=kinds,
-                          shapes=shapes, log=log, weights=w)
-            kernels = ex.kernel_sources()
-            log(f"[{first.policy.name}] runs {[r.name for r in group]}: block {lay.attn_block_tokens} tokens, "
-                f"{ex.num_blocks} blocks ({ex.kv_pool_bytes() / 2**30:.1f} GiB KV), capture sizes up to "
-                f"{ex.sizes[-1] if ex.sizes else 0}; kernels {kernels}")
-            if gi == 0 and ex.graphs is not None:
-                try:
-                    checks = check_modes(ex, log)
-                except Exception as e:
-                    errors_.append(f"check: {type(e).__name__}: {e}")
-                    log(f"check FAILED: {traceback.format_exc()}")
-            group_end = None if left is None else time.perf_counter() + left / (len(groups) - gi)
-            for k, run in enumerate(group):
-                end = None if group_end is None else time.perf_counter() + (group_end - time.perf_counter()) / (len(group) - k)
-                rows += replay_run(ex, run, quota, reps, warmup, end, gpu, errors_, log,
-                                   on_progress=lambda part: write_outputs(mdir, rows + part))
-            if gi == 0 and host_reserve:
-                try:
-                    host_rows = H.measure_host(ex, log, quick=smoke)
-                except Exception as e:
-                    errors_.append(f"host: {type(e).__name__}: {e}")
-                    log(f"host FAILED: {traceback.format_exc()}")
-            if ex.graphs is not None:
-                log(f"[{first.policy.name}] {len(ex.graphs)} graphs captured in {ex.graphs.capture_s:.1f} s")
-            del ex
-            gc.collect()
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
+        host_reserve = (HOST_RESERVE_S / 3 if smoke else HOST_RESERVE_S) if host and dev.type == "cuda" else 0.0
+        try:
+            for gi, group in enumerate(groups.values()):
+                reserve = host_reserve if gi == 0 else 0.0  # the first executor also measures host.csv
+                left = None if time_budget_s is None else time_budget_s - reserve - (time.perf_counter() - t0)
+                if left is not None and left <= 0:
+                    errors_ += [f"{run.name}: skipped, time budget spent" for run in group]
+                    continue
+                first = group[0]
+                pol = make_policy(model, first.policy)
+                lay = block_layout(model, pol, 1 << 40)
+                block_bytes = lay.attn_block_tokens * shapes.kv_bytes_per_token * (model.attn_layers + 1)
+                all_steps = [s for run in group for s in run.steps]
+                max_ctx = max((r.context + (r.prefill or ex_positions(r)) for s in all_steps for r in s.requests),
+                              default=8192)
+                max_req = max((len(s.requests) for s in all_steps), default=160)
+                kv_bytes = kv_pool_bytes_for(group, lay.attn_block_tokens, block_bytes, model.mtp_depth,
+                                             int(kv_pool_gb * 2**30)) if all_steps else 4 << 30
+                ex = Executor(model, first.policy, device=dev, max_requests=max_req, max_context=max_ctx,
+                              max_num_seqs=first.engine.max_num_seqs or hw.max_num_seqs,
+                              max_num_batched_tokens=first.engine.max_num_batched_tokens or hw.max_num_batched_tokens,
+                              block_size=lay.attn_block_tokens, kv_pool_bytes=kv_bytes, mode=mode, kinds=kinds,
+                              shapes=shapes, log=log, weights=w)
+                kernels = ex.kernel_sources()
+                log(f"[{first.policy.name}] runs {[r.name for r in group]}: block {lay.attn_block_tokens} tokens, "
+                    f"{ex.num_blocks} blocks ({ex.kv_pool_bytes() / 2**30:.1f} GiB KV), capture sizes up to "
+                    f"{ex.sizes[-1] if ex.sizes else 0}; kernels {kernels}")
+                if gi == 0 and ex.graphs is not None:
+                    try:
+                        checks = check_modes(ex, log)
+                    except Exception as e:
+                        errors_.append(f"check: {type(e).__name__}: {e}")
+                        log(f"check FAILED: {traceback.format_exc()}")
+                group_end = None if left is None else time.perf_counter() + left / (len(groups) - gi)
+                for k, run in enumerate(group):
+                    end = None if group_end is None else time.perf_counter() + (group_end - time.perf_counter()) / (len(group) - k)
+                    replay_run(ex, run, quota, reps, warmup, end, gpu, rows, errors_, log,
+                               on_progress=lambda: write_outputs(mdir, rows))
+                if reserve:
+                    try:
+                        host_rows = H.measure_host(ex, log, quick=smoke)
+                    except Exception as e:
+                        errors_.append(f"host: {type(e).__name__}: {e}")
+                        log(f"host FAILED: {traceback.format_exc()}")
+                if ex.graphs is not None:
+                    log(f"[{first.policy.name}] {len(ex.graphs)} graphs captured in {ex.graphs.capture_s:.1f} s")
+                del ex
+                gc.collect()
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
+        except KeyboardInterrupt:  # `timeout -s INT`: keep what was measured
+            errors_.append("interrupted")
+            log("interrupted: writing what was measured")
     write_outputs(mdir, rows)
     provenance.write(mdir / "replay_check.json", {"tolerance": CHECK_TOLERANCE, "cases": checks})
     if host_rows:
@@ -381,15 +386,16 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
 
 
 def replay_run(ex: object, run: Run, quota: int | None, reps: int, warmup: int, end: float | None, gpu: str,
-               errors_: list[str], log: Callable[[str], None], on_progress: Callable[[list[dict]], None]) -> list[dict]:
-    """Time the sampled steps of one run (synthetic steps of every kind for --smoke) until `end`."""
+               rows: list[dict], errors_: list[str], log: Callable[[str], None],
+               on_progress: Callable[[], None]) -> None:
+    """Time the sampled steps of one run (synthetic steps of every kind for --smoke) until `end`,
+    appending a row per step to `rows`."""
     if run.steps:
         steps = [(run.steps[i], flushes(run.steps[i])) for i in sample(len(run.steps), quota)]
     else:
         steps = [(_synthetic_traced(reqs, j), False)
                  for j, (_, reqs) in enumerate(synthetic_steps(ex.positions, ex.depth, ex.sizes))]
     old = old_pricer(run, gpu, log) if run.steps else None
-    rows: list[dict] = []
     tr = time.perf_counter()
     for j, (step, flush) in enumerate(steps):
         if end is not None and time.perf_counter() > end:
@@ -419,8 +425,7 @@ def replay_run(ex: object, run: Run, quota: int | None, reps: int, warmup: int, 
                 f"{row['tokens']} tok: {row['measured_us']:.0f} us (pred {step.predicted_us:.0f}); "
                 f"{len(ex.graphs) if ex.graphs else 0} graphs, {time.perf_counter() - tr:.0f} s")
         if j % 100 == 99:
-            on_progress(rows)
-    return rows
+            on_progress()
 
 
 def write_outputs(mdir: Path, rows: list[dict]) -> None:
