@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from core.config import DTYPE_BYTES
 from policies.reconstruct import Reconstruct
 
 
@@ -19,7 +18,8 @@ class ReconstructDeferred(Reconstruct):
         """The recorded path of one sequence in one GDN layer on one tensor-parallel rank."""
         g, tp = self.model.gdn, self.model.tensor_parallel
         hv, hk = g.num_v_heads // tp, g.num_k_heads // tp
-        per_node = hv * g.head_v_dim * 4 + hk * g.head_k_dim * DTYPE_BYTES[self.model.dtype]  # float32 u, k as served
+        # float32 u; k is an activation, in the model's dtype (the bytes conv_dtype_bytes reads)
+        per_node = hv * g.head_v_dim * 4 + hk * g.head_k_dim * self.model.conv_dtype_bytes
         # up to depth + 1 nodes (the bonus token's node included); float32 log G_a per v-head; an int32 count
         return (self.tree.depth + 1) * per_node + hv * 4 + 4
 
