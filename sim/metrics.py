@@ -4,7 +4,10 @@ TTFT = first output - send time; TPOT = (E2E - TTFT) / (output tokens - 1) for o
 longer than one token; ITL = gaps between consecutive emissions of a request (a
 verify step that emits several tokens is one gap); E2E = last output - send time;
 throughput = completed requests (output tokens) / duration of the run; percentiles
-with linear interpolation (numpy's default, as the benchmark uses).
+with linear interpolation (numpy's default, as the benchmark uses). Every request
+generates its workload's output length, as the benchmark's requests do with
+`--ignore-eos` (without it a model may stop earlier; a workload's `output_cap` or
+`output_resample` models that: docs/engine.md).
 """
 from __future__ import annotations
 
