@@ -115,12 +115,12 @@ def test_pending_memory_matches_policy_accounting(model, widths):
     assert policy.cache_bytes_per_seq_per_gpu() == m.gdn_layers * ds.pending_bytes_per_seq()
 
 
-@pytest.mark.parametrize("name", ["bf16x3", "bf16x3-pack", "pending-loop"])
+@pytest.mark.parametrize("name", ["bf16x3", "pp", "pp-pending-loop"])
 def test_tunings_exact(name):
     """The bench's exactness check of a tuning, here in the interpreter: bf16x3 (q, k in bf16, the
     state split in three bf16 parts: exact to float32, where dropping the low part costs ~1e-5)
-    with k and q packed in one tile (T <= 8), and the pending commit as rank-1 updates, for
-    reconstruct and two deferred steps."""
+    with k and q packed in one tile and the tree prep in the verify kernel (T <= 8), and the
+    pending commit as rank-1 updates, for reconstruct and two deferred steps."""
     from policies.kernels.variants import VARIANTS, check_tuning
     errs = check_tuning(VARIANTS[name], hk=1, hv=2, d=16, device="cpu")
     assert max(errs.values()) < 2e-6, errs

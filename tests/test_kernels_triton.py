@@ -164,6 +164,8 @@ PATHS = {  # name: (tuning, trees)
     "blocked-large": (Tuning(verify="blocked"), [chain(20), full((2, 2, 2))]),
     "fused-bv16-ieee": (Tuning(verify_bv=16, commit_bv=16, prec="ieee"), [chain(33), full((3, 3)), [-1]]),
     "fused-pack": (Tuning(pack=True), [chain(8), full((2, 2)), star(5), [-1]]),
+    "fused-prep": (Tuning(prep=True), [chain(16), preorder(full((2, 2, 2))), star(5), [-1]]),
+    "fused-pack-prep": (Tuning(pack=True, prep=True), [chain(8), full((2, 2)), [-1]]),
 }
 
 

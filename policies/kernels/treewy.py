@@ -53,7 +53,8 @@ class Tuning:
     commit: "dot" (`_commit_dot_kernel`, the path in 16-node tl.dot blocks) or "loop"
     (`_state_kernel`, one rank-1 update per path node). pending (reconstruct_deferred): the
     previous commit in tl.dot blocks or one rank-1 update per node. pack: trees of at most 8
-    positions multiply the state once, k and q rows in one tile (see `_fused_kernel`). prec:
+    positions multiply the state once, k and q rows in one tile (see `_fused_kernel`). prep:
+    trees of at most 16 positions skip `_prep_kernel`, the fused verify doing its work. prec:
     see `_dot`. bv: state
     rows per program. stages:
     Triton's software pipelining of the block loops; 1 (none) by default: most trees are one
@@ -70,6 +71,7 @@ class Tuning:
     commit_stages: int = 1
     pending: str = "dot"
     pack: bool = False
+    prep: bool = False
     prec: str = DOT_PRECISION
 
     def __post_init__(self) -> None:
@@ -118,21 +120,29 @@ TUNING = Tuning.parse(os.environ.get("GDN_TUNING", ""))
 
 
 @triton.jit
+def _ancestors(parent_ptr, b, n, T, BT: tl.constexpr, STEPS: tl.constexpr):
+    """Ancestor-or-self mask [BT, BT] of tree b's first n positions, by repeated squaring of the
+    one-hot parent matrix (no per-node loop): reach = I + P + ... + P^(2^s - 1) after s
+    doublings; entries stay 0/1 (one path per pair), so float16 products are exact."""
+    r = tl.arange(0, BT)
+    valid = r < n
+    p = tl.load(parent_ptr + b * T + r, mask=valid, other=-1)
+    jump = (p[:, None] == r[None, :]).to(tl.float16)
+    reach = (r[:, None] == r[None, :]).to(tl.float16)
+    for _ in tl.static_range(STEPS):
+        reach = reach + tl.dot(jump, reach).to(tl.float16)
+        jump = tl.dot(jump, jump).to(tl.float16)
+    return (reach > 0.5) & valid[:, None] & valid[None, :]
+
+
+@triton.jit
 def _prep_kernel(parent_ptr, lengths_ptr, g_ptr, mask_ptr, gc_ptr, T, Hv,
                  BT: tl.constexpr, HP: tl.constexpr, STEPS: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     n = tl.load(lengths_ptr + b)
     r = tl.arange(0, BT)
     valid = r < n
-    p = tl.load(parent_ptr + b * T + r, mask=valid, other=-1)
-    # reach = I + P + ... + P^(2^s - 1) after s doublings; entries stay 0/1 (one path per pair),
-    # so float16 products are exact.
-    jump = (p[:, None] == r[None, :]).to(tl.float16)
-    reach = (r[:, None] == r[None, :]).to(tl.float16)
-    for _ in tl.static_range(STEPS):
-        reach = reach + tl.dot(jump, reach).to(tl.float16)
-        jump = tl.dot(jump, jump).to(tl.float16)
-    anc = (reach > 0.5) & valid[:, None] & valid[None, :]
+    anc = _ancestors(parent_ptr, b, n, T, BT=BT, STEPS=STEPS)
     tl.store(mask_ptr + b * BT * BT + r[:, None] * BT + r[None, :], anc.to(tl.int8))
     h = tl.arange(0, HP)
     gv = tl.load(g_ptr + (b * T + r[:, None]) * Hv + h[None, :], mask=valid[:, None] & (h[None, :] < Hv), other=0.0)
@@ -464,10 +474,10 @@ def _apply_pending(s, pu_ptr, pk_ptr, pg_ptr, pn_ptr, b, h, hk, rv, rk, Hk, Hv, 
 
 @triton.jit
 def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, lengths_ptr, o_ptr, u_ptr,
-                  pu_ptr, pk_ptr, pg_ptr, pn_ptr, T, Hk, Hv, O_START, T_OUT, P,
+                  pu_ptr, pk_ptr, pg_ptr, pn_ptr, parent_ptr, g_ptr, T, Hk, Hv, O_START, T_OUT, P,
                   DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                   NSQ: tl.constexpr, PENDING: tl.constexpr, QK16: tl.constexpr, PK16: tl.constexpr,
-                  PREC: tl.constexpr, PDOT: tl.constexpr, PACK: tl.constexpr):
+                  PREC: tl.constexpr, PDOT: tl.constexpr, PACK: tl.constexpr, PREP: tl.constexpr):
     """Solve and state pass in one program per (sequence, v-head, v-block), 16 positions at a time.
 
     The tile s = S_0[rv, :] is read once (PENDING: S_old, brought up to date by the previous
@@ -480,7 +490,9 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
     (I + L)^-1 = (I - L)(I + L^2)(I + L^4)(I + L^8): NSQ factors (L^(2^NSQ) = 0 for a block of
     at most 2^NSQ positions) of independent tl.dot products instead of a 16-step substitution
     whose every step is a cross-thread reduction. PACK (T <= 8): one block whose k and q rows
-    share a 16-row tile, halving the products with the state.
+    share a 16-row tile, halving the products with the state. PREP (T <= 16): the tree prep
+    done here, per program, instead of `_prep_kernel`'s launch (the v-block-0 programs write
+    gc and, for head 0, the mask that commit reads).
     """
     pid = tl.program_id(0)
     NV: tl.constexpr = DV // BV
@@ -502,6 +514,14 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
         s = s.to(tl.float32)  # verify from the state exactly as committed (bf16: rounded)
     st = tl.trans(s)
     lower = rc[:, None] > rc[None, :]
+    if PREP:
+        ancr = _ancestors(parent_ptr, b, n, T, BT=BC, STEPS=4)
+        gv = tl.load(g_ptr + (b * T + rc) * Hv + h, mask=rc < n, other=0.0).to(tl.float32)
+        gcr = tl.sum(tl.where(ancr, gv[None, :], 0.0), axis=1)
+        if pid % NV == 0:
+            tl.store(gc_ptr + (b * T + rc) * Hv + h, gcr, mask=rc < T)
+            if h == 0:
+                tl.store(mask_ptr + b * BC * BC + rc[:, None] * BC + rc[None, :], ancr.to(tl.int8))
     if PACK:
         # T <= 8: K and Q share one 16-row tile, so a single product with the state gives
         # S k_p (rows 0-7) and S q_p (rows 8-15); sh moves rows 8-15 up to their positions.
@@ -518,8 +538,12 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
         v0 = tl.load(v_ptr + ((b * T + rc[:, None]) * Hv + h) * DV + rv[None, :], mask=m0[:, None],
                      other=0.0).to(tl.float32)
         b0 = tl.load(beta_ptr + (b * T + rc) * Hv + h, mask=m0, other=0.0).to(tl.float32)
-        g0 = tl.load(gc_ptr + (b * T + rc) * Hv + h, mask=m0, other=0.0)
-        anc = (tl.load(mask_ptr + b * BT * BT + rc[:, None] * BT + rc[None, :]) != 0) & m0[:, None] & m0[None, :]
+        if PREP:
+            g0 = tl.where(m0, gcr, 0.0)
+            anc = ancr & m0[:, None] & m0[None, :]
+        else:
+            g0 = tl.load(gc_ptr + (b * T + rc) * Hv + h, mask=m0, other=0.0)
+            anc = (tl.load(mask_ptr + b * BT * BT + rc[:, None] * BT + rc[None, :]) != 0) & m0[:, None] & m0[None, :]
         dec = tl.where(anc, tl.exp(g0[:, None] - g0[None, :]), 0.0)
         sh = (rc[None, :] == rc[:, None] + half).to(tl.float32)
         rr = _dot(kq, st, QK16, False, PREC)
@@ -548,7 +572,10 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
             vj = tl.load(v_ptr + ((b * T + tj[:, None]) * Hv + h) * DV + rv[None, :], mask=mj[:, None],
                          other=0.0).to(tl.float32)
             bj = tl.load(beta_ptr + (b * T + tj) * Hv + h, mask=mj, other=0.0).to(tl.float32)
-            gj = tl.load(gc_ptr + (b * T + tj) * Hv + h, mask=mj, other=0.0)
+            if PREP:  # one block: j = 0
+                gj = tl.where(mj, gcr, 0.0)
+            else:
+                gj = tl.load(gc_ptr + (b * T + tj) * Hv + h, mask=mj, other=0.0)
             ej = tl.exp(gj)
             rhs = bj[:, None] * (vj - ej[:, None] * _dot(kj, st, QK16, False, PREC))
             oj = ej[:, None] * _dot(qj, st, QK16, False, PREC)
@@ -563,7 +590,10 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
                 a_ji = bj[:, None] * dec * _dot(kj, tl.trans(ki), QK16, QK16, PREC)
                 rhs -= _dot(a_ji, ui, False, False, PREC)
                 oj += _dot(dec * _dot(qj, tl.trans(ki), QK16, QK16, PREC), ui, False, False, PREC)
-            anc = tl.load(mask_ptr + b * BT * BT + tj[:, None] * BT + tj[None, :]) != 0
+            if PREP:
+                anc = ancr
+            else:
+                anc = tl.load(mask_ptr + b * BT * BT + tj[:, None] * BT + tj[None, :]) != 0
             dec = tl.where(anc, tl.exp(gj[:, None] - gj[None, :]), 0.0)
             uj = rhs
             if NSQ > 0:
@@ -740,9 +770,16 @@ def wy_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     check_dims(DK, DV)
     if T > MAX_POSITIONS:
         raise ValueError(f"T (verify positions, replayed cache included) must be at most {MAX_POSITIONS}, got {T}")
-    mask, gc = tree_prep(parent, lengths, g)
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
-    o, u = state_pass(q, k, v, beta, state, mask, gc, lengths, out_start, pending)
+    if TUNING.prep and T <= BC and (pending is not None or verify_kernel(T) == "fused"):
+        # `_fused_kernel` writes both (PREP); poisoned here, so a tile it missed shows.
+        mask = torch.empty(B, BC, BC, dtype=torch.int8, device=v.device)
+        gc = torch.empty(B, T, Hv, dtype=torch.float32, device=v.device)
+        prep = (parent.to(torch.int32).contiguous(), g.contiguous())
+    else:
+        mask, gc = tree_prep(parent, lengths, g)
+        prep = None
+    o, u = state_pass(q, k, v, beta, state, mask, gc, lengths, out_start, pending, prep)
     return o, TreeSolve(k=k, state=state, lengths=lengths, u=u, gc=gc, mask=mask)
 
 
@@ -754,9 +791,11 @@ def verify_kernel(T: int, tuning: Tuning | None = None) -> str:
 
 def state_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, state: torch.Tensor,
                mask: torch.Tensor, gc: torch.Tensor, lengths: torch.Tensor, out_start: int = 0,
-               pending: Pending | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               pending: Pending | None = None, prep: tuple[torch.Tensor, torch.Tensor] | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify after the prep: o [B, T - out_start, Hv, Dv] and u [B, T, Hv, Dv] float32 from one
-    read of the state (the kernel per `TUNING`); `pending` needs the fused kernel."""
+    read of the state (the kernel per `TUNING`); `pending` needs the fused kernel. prep: (parent,
+    g) when the fused kernel is to fill mask and gc itself (T <= 16)."""
     B, T, Hk, DK = q.shape
     Hv, DV = v.shape[2:]
     t = TUNING
@@ -766,12 +805,14 @@ def state_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Te
     if kind == "fused":
         BV = block_v(DV, t.verify_bv)
         pd = pending or Pending(pu=u, pk=k, pg=gc, pn=lengths)  # placeholders: PENDING=False reads none
+        par, g = prep or (lengths, gc)  # placeholders when PREP=False
         _fused_kernel[(B * Hv * (DV // BV),)](q, k, v, beta, state, mask, gc, lengths, o, u, pd.pu, pd.pk, pd.pg,
-                                              pd.pn, T, Hk, Hv, out_start, T - out_start, pd.pu.shape[1],
+                                              pd.pn, par, g, T, Hk, Hv, out_start, T - out_start, pd.pu.shape[1],
                                               DK=DK, DV=DV, BV=BV, BT=mask.shape[-1], BC=BC,
                                               NSQ=(min(T, BC) - 1).bit_length(), PENDING=pending is not None,
                                               QK16=_bf16(q, k), PK16=_bf16(pd.pk), PREC=t.prec,
                                               PDOT=t.pending == "dot", PACK=t.pack and T <= BC // 2,
+                                              PREP=prep is not None,
                                               num_warps=t.verify_warps,
                                               num_stages=t.verify_stages)
         return o, u

@@ -10,21 +10,22 @@ from policies.kernels import reconstruct, reconstruct_deferred, reference, treew
 from policies.kernels.inputs import chain, full, random_inputs, rel_err, star
 from policies.kernels.treewy import Tuning
 
-# Most informative first: a run cut by its time budget loses the tail.
+# Most informative first: a run cut by its time budget loses the tail. "pp": bf16x3 products,
+# k and q packed and the prep fused for small trees; the others vary one axis from there.
+PP = dict(prec="bf16x3", pack=True, prep=True)
 VARIANTS: dict[str, Tuning] = {
     "default": Tuning(),
+    "pp": Tuning(**PP),
     "bf16x3": Tuning(prec="bf16x3"),
-    "bf16x3-pack": Tuning(prec="bf16x3", pack=True),
-    "bf16x3-bv16-w2": Tuning(prec="bf16x3", verify_bv=16, verify_warps=2, commit_bv=16, commit_warps=2),
-    "bf16x3-bv64-w4": Tuning(prec="bf16x3", verify_bv=64, commit_bv=64),
-    "pending-loop": Tuning(prec="bf16x3", pending="loop"),
+    "pp-bv16-w2": Tuning(**PP, verify_bv=16, verify_warps=2, commit_bv=16, commit_warps=2),
+    "pp-bv64-w4": Tuning(**PP, verify_bv=64, commit_bv=64),
+    "pp-pending-loop": Tuning(**PP, pending="loop"),
     "run2": Tuning(verify="blocked", rows_max=4, commit="loop"),
+    "pp-bv32-w8": Tuning(**PP, verify_warps=8, commit_warps=8),
+    "pp-bv128-w8": Tuning(**PP, verify_bv=128, verify_warps=8),
+    "pp-commit-loop": Tuning(**PP, commit="loop"),
+    "pp-stages3": Tuning(**PP, verify_stages=3, commit_stages=3),
     "fused-bv64-w8": Tuning(verify_bv=64, verify_warps=8),
-    "fused-bv16-w2": Tuning(verify_bv=16, verify_warps=2),
-    "stages3": Tuning(verify_stages=3, commit_stages=3),
-    "commit-loop": Tuning(commit="loop"),
-    "bf16x3-bv128-w8": Tuning(prec="bf16x3", verify_bv=128, verify_warps=8),
-    "bf16x3-bv32-w8": Tuning(prec="bf16x3", verify_warps=8, commit_warps=8),
     "ieee": Tuning(prec="ieee"),
 }
 # (tree name, parents, B) at 35B-A3B shapes: the targets.
