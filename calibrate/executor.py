@@ -33,6 +33,8 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from calibrate import layers as L
 from calibrate.graphs import EAGER, FULL, PIECEWISE, GraphCache, Plan, plan
@@ -140,6 +142,32 @@ def block_tables(lay: Layout, width: int, num_blocks: int) -> np.ndarray:
     col = np.arange(width)[None, :]
     ids = (lay.block_start[:, None] - 1 + col) % (num_blocks - 1) + 1
     return np.where(col < lay.blocks[:, None], ids, DUMMY_BLOCK)
+
+
+# ------------------------------------------------------------------ GDN gating
+@triton.jit
+def _gating_kernel(proj_ptr, stride_t, col_b, col_a, dt_bias_ptr, neg_a_ptr, g_ptr, beta_ptr, total,
+                   HV: tl.constexpr, BLOCK: tl.constexpr):
+    o_i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m_i = o_i < total
+    t, h = o_i // HV, o_i % HV
+    b_a = tl.load(proj_ptr + t * stride_t + col_a + h, mask=m_i, other=0.0).to(tl.float32)
+    b_b = tl.load(proj_ptr + t * stride_t + col_b + h, mask=m_i, other=0.0).to(tl.float32)
+    b_x = b_a + tl.load(dt_bias_ptr + h, mask=m_i, other=0.0)
+    b_sp = tl.where(b_x > 20.0, b_x, tl.log(1.0 + tl.exp(b_x)))  # softplus
+    tl.store(g_ptr + o_i, b_sp * tl.load(neg_a_ptr + h, mask=m_i, other=0.0), mask=m_i)
+    tl.store(beta_ptr + o_i, 1.0 / (1.0 + tl.exp(-b_b)), mask=m_i)
+
+
+def gdn_gating(proj: torch.Tensor, col_b: int, dt_bias: torch.Tensor, neg_a: torch.Tensor, g: torch.Tensor,
+               beta: torch.Tensor) -> None:
+    """g = softplus(a + dt_bias) * -exp(A_log) and beta = sigmoid(b) (float32 [n, Hv]) in one launch,
+    as vLLM's fused_gdn_gating: b and a are the Hv columns of proj from col_b and col_b + Hv."""
+    n, hv = g.shape
+    if n:
+        BLOCK = 1024
+        _gating_kernel[(triton.cdiv(n * hv, BLOCK),)](proj, proj.stride(0), col_b, col_b + hv, dt_bias, neg_a, g, beta,
+                                                      n * hv, HV=hv, BLOCK=BLOCK)
 
 
 # ------------------------------------------------------------------ packed metadata
@@ -273,6 +301,7 @@ class Executor:
         self.max_tokens = max(max_num_batched_tokens, cap) + 256  # room for --mode graph padding
         # A full graph pads requests (up to cap / positions; --mode graph: 256 tokens more).
         self.max_requests = max(max_requests + 256 // self.positions + 1, cap // self.positions)
+        self.max_step_requests = self.max_requests - 256 // self.positions - 1  # real requests of one step
         self.block_size = block_size
         self.state_dtype = torch.float32 if model.state_dtype_bytes == 4 else L.BF16
         self.w = weights or Weights.build(s, self.kinds, device)
@@ -301,6 +330,8 @@ class Executor:
         self.x = torch.zeros(N, s.hidden, **z)  # the target's residual stream
         self.gdn_proj = torch.zeros(N, s.gdn_in_features, **z)
         self.gdn_o = torch.zeros(N, s.gdn_v_channels, **z)
+        self.g = torch.zeros(N, s.gdn_v_heads, device=d)  # float32 log-decays and betas of the GDN core
+        self.beta = torch.zeros(N, s.gdn_v_heads, device=d)
         self.q = torch.zeros(N, s.q_heads, s.head_dim, **z)
         self.gate = torch.zeros(N, s.q_heads * s.head_dim, **z)
         self.k = torch.zeros(N, s.kv_heads, s.head_dim, **z)
@@ -357,7 +388,7 @@ class Executor:
         flush: the replay policy's commit writes the state back this step. mode: override --mode."""
         lay = layout(requests, self.block_size, self.num_blocks, self.depth)
         n, R, B = lay.num_tokens, len(lay.order), lay.num_decodes
-        if n > self.max_tokens - 256 or R > self.max_requests - 256 // self.positions - 1:
+        if n > self.max_tokens - 256 or R > self.max_step_requests:
             raise ValueError(f"step of {n} tokens / {R} requests exceeds the executor's sizes")
         if lay.positions_max > POSITIONS_MAX:
             raise ValueError(f"a decode of {lay.positions_max} verify positions exceeds {POSITIONS_MAX}")
@@ -522,12 +553,11 @@ class Executor:
     def gdn_inputs(self, i: int, st: Step) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """The core's inputs from the projection: conv input, log-decay g, beta; decode tokens first."""
         s, n = self.s, st.n
-        qkv, _, b, a = self.gdn_proj[:n].split([s.gdn_conv_channels, s.gdn_v_channels, s.gdn_v_heads,
-                                                 s.gdn_v_heads], -1)
         w = self.w.layers[i]
-        beta = b.float().sigmoid()
-        g = F.softplus(a.float() + w.dt_bias) * w.neg_a
-        return qkv, g, beta, st.B * st.T if not st.ragged else st.lay.decode_tokens
+        g, beta = self.g[:n], self.beta[:n]
+        gdn_gating(self.gdn_proj[:n], s.gdn_conv_channels + s.gdn_v_channels, w.dt_bias, w.neg_a, g, beta)
+        return (self.gdn_proj[:n, :s.gdn_conv_channels], g, beta,
+                st.B * st.T if not st.ragged else st.lay.decode_tokens)
 
     def _split_qkv(self, y: torch.Tensor, lead: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         s = self.s
@@ -572,16 +602,19 @@ class Executor:
         self.conv_commit(ctxs[1], accepted, check=False)
 
     def prefill(self, i: int, st: Step, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> None:
+        """All prefill chunks of the step as vLLM runs them: gather their states from the pool (zero
+        for first chunks), one varlen conv and one varlen chunked-rule call, scatter the states back."""
         s, P, m = self.s, st.P, qkv.shape[0]
         nd = st.n - m
         slots, cu, has_init = self.i64.d("pf_slots", P), self.i64.d("pf_cu", P + 1), self.i32.d("pf_init", P)
         cw = self.w.conv[i]
-        # As vLLM: gather the prefills' states from the pool, zero those of first chunks,
-        # one varlen call each for the conv and the chunked rule, scatter the final states back.
         conv0 = self.conv_pool[i].index_select(0, slots)
         conv0.mul_(has_init.view(P, 1, 1))
         state0 = self.ssm[i].index_select(0, slots)
         state0.mul_(has_init.view(P, 1, 1, 1))
+        if self.chunk_fn is None:
+            self._prefill_ref(i, st, qkv, g, beta, conv0, state0)
+            return
         y = None
         if self.fla_conv is not None:
             try:
@@ -594,31 +627,36 @@ class Executor:
                 self.log(f"fla causal_conv1d failed ({type(e).__name__}: {e}); using policies' tree_conv stand-in")
                 self.fla_conv = None
         if y is None:
-            # Stand-in with the same work: the policies' Triton conv over all prefill tokens as one chain.
+            # Stand-in with the same work (not the same boundaries): the policies' Triton conv
+            # over all prefill tokens as one chain.
             from policies.kernels.conv import tree_conv
 
             chain = (torch.arange(m, dtype=torch.int32, device=qkv.device) - 1)[None]
             y = tree_conv(qkv[None], cw, chain, conv0[:1].contiguous())[0][0]
         q, k, v = self._split_qkv(y, (m,))
-        if self.chunk_fn is not None:
-            o, final = self.chunk_fn(q[None], k[None], v[None], g[None], beta[None], initial_state=state0,
-                                     output_final_state=True, use_qk_l2norm_in_kernel=True, state_v_first=True,
-                                     cu_seqlens=cu, cu_seqlens_cpu=st.pf_cu_cpu)
-            self.ssm[i].index_copy_(0, slots, final.to(self.state_dtype))
-            self.gdn_o[nd:nd + m].copy_(o[0].reshape(m, s.gdn_v_channels))
-            return
-        # No fla (CPU tests): the float64 reference recurrence, one sequence at a time.
+        o, final = self.chunk_fn(q[None], k[None], v[None], g[None], beta[None], initial_state=state0,
+                                 output_final_state=True, use_qk_l2norm_in_kernel=True, state_v_first=True,
+                                 cu_seqlens=cu, cu_seqlens_cpu=st.pf_cu_cpu)
+        self.ssm[i].index_copy_(0, slots, final.to(self.state_dtype))
+        self.gdn_o[nd:nd + m].copy_(o[0].reshape(m, s.gdn_v_channels))
+
+    def _prefill_ref(self, i: int, st: Step, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     conv0: torch.Tensor, state0: torch.Tensor) -> None:
+        """Without fla (CPU tests): the float64 references, one sequence at a time (host syncs)."""
         from policies.kernels import reference as ref
 
-        w = self.w.layers[i]
-        q, k = (F.rms_norm(t, (s.head_k_dim,), w.qk_scale, L.EPS) for t in (q, k))
+        s, w, nd = self.s, self.w.layers[i], st.n - qkv.shape[0]
         bounds = st.pf_cu_cpu.tolist()
-        for p in range(P):
+        slots = self.i64.d("pf_slots", st.P).tolist()
+        for p in range(st.P):
             a, b = bounds[p], bounds[p + 1]
             chain = (torch.arange(b - a, dtype=torch.int32, device=qkv.device) - 1)[None]
-            o, states = ref.recurrence(q[None, a:b], k[None, a:b], v[None, a:b], g[None, a:b], beta[None, a:b],
-                                       chain, state0[p:p + 1])
-            self.ssm[i][int(slots[p])].copy_(states[0, -1])
+            y, windows = ref.tree_conv(qkv[None, a:b], self.w.conv[i], chain, conv0[p:p + 1])
+            q, k, v = self._split_qkv(y.to(L.BF16), (1, b - a))
+            q, k = (F.rms_norm(t, (s.head_k_dim,), w.qk_scale, L.EPS) for t in (q, k))
+            o, states = ref.recurrence(q, k, v, g[None, a:b], beta[None, a:b], chain, state0[p:p + 1])
+            self.conv_pool[i][slots[p]].copy_(windows[0, -1])
+            self.ssm[i][slots[p]].copy_(states[0, -1])
             self.gdn_o[nd + a:nd + b].copy_(o[0].reshape(b - a, s.gdn_v_channels))
 
     # -- forward passes
@@ -694,6 +732,14 @@ class Executor:
                 self._target(st)
         else:
             self._target(st)
+        self.sample(st)
+        if self.depth:
+            drafts = self._drafter(st)
+            o = self.max_tokens + self.max_requests
+            self.out[o:o + drafts.numel()].copy_(drafts.flatten())
+
+    def sample(self, st: Step) -> None:
+        """LM head on the sampled rows, greedy tokens and acceptance, into self.out."""
         tokens = L.lm_head_forward(self.x.index_select(0, self.i64.d("logits_rows", st.n_logits)), self.w.head, self.s)
         self.out[:st.n_logits].copy_(tokens)
         N = self.max_tokens
@@ -710,10 +756,6 @@ class Executor:
             tgt, ids = tgt.view(B, T), ids.view(B, T)
             match = (tgt[:, :-1] == ids[:, 1:]).int().cumprod(1)
             self.out[N:N + B].copy_(match.sum(1) + 1)
-        if self.depth:
-            drafts = self._drafter(st)
-            o = N + self.max_requests
-            self.out[o:o + drafts.numel()].copy_(drafts.flatten())
 
     def finish(self, st: Step) -> StepOutput:
         """Sampled tokens to the host (the step's only synchronisation), then Python lists."""

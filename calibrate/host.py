@@ -7,10 +7,8 @@ only enqueues; the op is issued `reps` times and each call timed with the host c
 If the sleep finished before the last call was issued the sample is void (retried
 with a longer sleep): an op that synchronises shows up as void every time.
 
-Rows: op, n, us (median), us_p10, us_p90, reps. `n` is requests (step_prepare,
-step_finish, attn_core, gdn_verify, gdn_commit), sequences (gdn_prefill), or tokens
-(padded for graphs: full_graph, piece_graph; eager_dense_gdn, eager_dense_attn,
-eager_moe, drafter_pass). step_finish is timed with the GPU idle: it is the copy of the
+Rows: op, n, us (median), us_p10, us_p90, reps (core.tables.HOST_OPS says what n counts
+for each op). gdn_verify and gdn_prefill include the core's one gating launch. step_finish is timed with the GPU idle: it is the copy of the
 sampled tokens to the host plus the Python bookkeeping after the GPU is done.
 """
 from __future__ import annotations
@@ -21,7 +19,10 @@ from typing import Callable, Sequence
 
 import torch
 
-COLUMNS = ("op", "n", "us", "us_p10", "us_p90", "reps")
+from core.tables import HOST_COLUMNS as COLUMNS
+
+OPS = ("step_prepare", "step_finish", "sample", "attn_core", "gdn_verify", "gdn_commit", "gdn_prefill",
+       "eager_dense_gdn", "eager_dense_attn", "eager_moe", "full_graph", "piece_graph", "drafter_pass")
 SLEEP_US = 200_000  # the busy kernel: longer than any op's `reps` issues take together
 
 
@@ -69,6 +70,7 @@ def measure_host(ex: object, log: Callable[[str], None] = print, quick: bool = F
     reps = 5 if quick else 10
 
     def record(op: str, n: int, fn: Callable[[], object], r: int = reps) -> None:
+        assert op in OPS, op
         try:
             ts = issue_times(fn, r, cpu)
         except Exception as e:  # one op must not cost the table
@@ -87,7 +89,7 @@ def measure_host(ex: object, log: Callable[[str], None] = print, quick: bool = F
     attn = ex.kinds.index("attn") if "attn" in ex.kinds else None
     cap = ex.sizes[-1] if ex.sizes else 0
     batch_sizes = [b for b in (1, 4, 16, 64, 128, 256) if b * ex.positions <= ex.max_tokens - 256
-                   and b <= ex.max_requests // 2][:4 if quick else 6]
+                   and b <= ex.max_step_requests][:4 if quick else 6]
     for b in batch_sizes:
         reqs = decodes(b)
         record("step_prepare", b, lambda: ex.prepare(reqs, mode="eager"))
@@ -103,16 +105,23 @@ def measure_host(ex: object, log: Callable[[str], None] = print, quick: bool = F
         n = st.n
         slots, seq_lens, cu = ex.i64.d("slots", n), ex.i32.d("seq_lens", st.R), ex.i32.d("cu_q", st.R + 1)
         record("attn_core", b, lambda: ex.attn_core(0, st, n, st.R, st.max_q, slots, seq_lens, cu))
+        record("sample", st.n_logits, lambda: ex.sample(st))
         if gdn is not None and ex.depth:
-            qkv, g, beta, nd = ex.gdn_inputs(gdn, st)
-            record("gdn_verify", b, lambda: ex.verify(gdn, st, qkv[:nd], g[:nd], beta[:nd]))
-            ctxs = ex.verify(gdn, st, qkv[:nd], g[:nd], beta[:nd])
+            # The gating launch goes with the verify (and with the prefill below): the core's inputs.
+            def verify() -> tuple:
+                qkv, g, beta, nd = ex.gdn_inputs(gdn, st)
+                return ex.verify(gdn, st, qkv[:nd], g[:nd], beta[:nd])
+            record("gdn_verify", b, verify)
+            ctxs = verify()
             record("gdn_commit", b, lambda: ex.commit(gdn, st, ctxs))
     if gdn is not None:
         for p in [1, 2, 4, 8, 16, 32][:4 if quick else 6]:
             st = ex.prepare([R(100 + i, 128, 512 * (i % 2), (), 0) for i in range(p)], mode="eager")
-            qkv, g, beta, nd = ex.gdn_inputs(gdn, st)
-            record("gdn_prefill", p, lambda: ex.prefill(gdn, st, qkv[nd:], g[nd:], beta[nd:]))
+
+            def prefill() -> None:
+                qkv, g, beta, nd = ex.gdn_inputs(gdn, st)
+                ex.prefill(gdn, st, qkv[nd:st.n], g[nd:st.n], beta[nd:st.n])
+            record("gdn_prefill", p, prefill)
     for n in [t for t in (16, 64, 256, 512, 1024, 2048, 4096, 8192) if t <= ex.max_tokens - 256][:5 if quick else 8]:
         x = ex.x
         if gdn is not None:

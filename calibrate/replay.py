@@ -277,11 +277,11 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
     from sim.budget import block_layout
 
     t0 = time.perf_counter()
+    hw = load_hardware(gpu)
+    runs = [load_run(p) for p in steps_paths]
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("calibrate replay: no CUDA device here")
-    hw = load_hardware(gpu)
-    runs = [load_run(p) for p in steps_paths]
     if smoke or not runs:
         name = model_name or (runs[0].model.name if runs else "qwen3.5-35b-a3b")
         model = load_model(name)
@@ -329,8 +329,9 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                 lay = block_layout(model, pol, 1 << 40)
                 block_bytes = lay.attn_block_tokens * shapes.kv_bytes_per_token * (model.attn_layers + 1)
                 all_steps = [s for run in group for s in run.steps]
-                max_ctx = max((r.context + (r.prefill or ex_positions(r)) for s in all_steps for r in s.requests),
-                              default=8192)
+                # At least 8k of context: the check and host.csv use their own batches.
+                max_ctx = max([8192] + [r.context + (r.prefill or ex_positions(r)) for s in all_steps
+                                        for r in s.requests])
                 max_req = max((len(s.requests) for s in all_steps), default=160)
                 kv_bytes = kv_pool_bytes_for(group, lay.attn_block_tokens, block_bytes, model.mtp_depth,
                                              int(kv_pool_gb * 2**30)) if all_steps else 4 << 30

@@ -1,0 +1,133 @@
+"""The GPU step executor on the CPU: dispatch with forced modes, the paged layout, and a tiny model run eagerly."""
+import numpy as np
+import pytest
+import torch
+
+from calibrate.executor import Executor, accepted_node, block_tables, gdn_gating, layout, verify_positions
+from calibrate.graphs import EAGER, FULL, PIECEWISE, plan
+from calibrate.shapes import LayerShapes
+from core.config import load_model, load_policy
+from sim.dispatch import capture_sizes
+from sim.step_trace import TracedRequest as R
+
+SIZES = capture_sizes(1024, 8192, 4)
+CHAIN = (1, 1, 1)
+
+
+# ------------------------------------------------------------------ dispatch
+@pytest.mark.parametrize("lens, decoding, mode, want", [
+    ([4] * 3, [True] * 3, "vllm", (FULL, 16, 4)),  # 12 tokens pad to 16: one dummy request
+    ([4] * 5, [True] * 5, "vllm", (FULL, 24, 6)),
+    ([4, 4, 100], [True, True, False], "vllm", (PIECEWISE, 112, 3)),
+    ([4, 600], [True, False], "vllm", (EAGER, 604, 2)),
+    ([4] * 5, [True] * 5, "eager", (EAGER, 20, 5)),
+    ([4, 600], [True, False], "graph", (PIECEWISE, 768, 2)),  # above the capture sizes: padded to 256s
+    ([4] * 129, [True] * 129, "graph", (FULL, 768, 192)),
+], ids=["full3", "full5-padded", "piecewise", "eager", "forced-eager", "forced-piecewise", "forced-full"])
+def test_plan_modes_and_padding(lens, decoding, mode, want):
+    p = plan(lens, decoding, 4, SIZES, True, mode)
+    assert (p.mode, p.tokens, p.requests) == want
+
+
+def test_plan_tree_that_breaks_full_graphs_runs_piecewise():
+    assert plan([4] * 3, [True] * 3, 4, SIZES, False).mode == PIECEWISE
+
+
+def test_plan_rejects_unknown_mode():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        plan([4], [True], 4, SIZES, True, "fast")
+
+
+# ------------------------------------------------------------------ layout
+def test_layout_orders_decodes_first_and_assigns_consecutive_blocks():
+    reqs = [R(7, 30, 10, (), 0), R(1, 0, 20, CHAIN, 2), R(2, 0, 3, (), 1)]
+    lay = layout(reqs, block_size=16, num_blocks=100, lookahead=3)
+    assert [r.rid for r in lay.order] == [1, 2, 7] and lay.num_decodes == 2
+    assert lay.q_lens.tolist() == [4, 1, 30] and lay.seq_lens.tolist() == [24, 4, 40]
+    assert lay.cu_q.tolist() == [0, 4, 5, 35] and lay.decode_tokens == 5 and lay.positions_max == 4
+    assert lay.positions[:5].tolist() == [20, 21, 22, 23, 3] and lay.positions[5] == 10
+    # blocks for seq_len + lookahead tokens: ceil(27/16)=2, ceil(7/16)=1, ceil(43/16)=3, from block 1 on
+    assert lay.blocks.tolist() == [2, 1, 3] and lay.block_start.tolist() == [1, 3, 4]
+    tables = block_tables(lay, width=4, num_blocks=100)
+    assert tables.tolist() == [[1, 2, 0, 0], [3, 0, 0, 0], [4, 5, 6, 0]]
+    # slot = block * 16 + offset, looked up through each request's table
+    row_of = np.repeat(np.arange(3), lay.q_lens)
+    want = tables[row_of, lay.positions // 16] * 16 + lay.positions % 16
+    assert lay.slots.tolist() == want.tolist()
+
+
+def test_layout_wraps_around_a_small_pool_never_using_the_dummy_block():
+    lay = layout([R(i, 40, 0, (), 0) for i in range(4)], block_size=16, num_blocks=5, lookahead=0)
+    tables = block_tables(lay, width=3, num_blocks=5)
+    used = tables[tables > 0]
+    assert used.min() >= 1 and used.max() <= 4 and (lay.slots // 16 >= 1).all()
+
+
+def test_block_table_too_narrow_is_an_error():
+    lay = layout([R(1, 100, 0, (), 0)], block_size=16, num_blocks=100, lookahead=0)
+    with pytest.raises(ValueError, match="needs 7 blocks"):
+        block_tables(lay, width=4, num_blocks=100)
+
+
+@pytest.mark.parametrize("tree, accepted, node", [
+    ((1, 1, 1), 1, 0), ((1, 1, 1), 3, 2), ((1, 1, 1), 4, 3), ((2, 2), 2, 1), ((2, 2), 3, 3), ((), 1, 0)])
+def test_accepted_node_is_the_deepest_on_the_first_path(tree, accepted, node):
+    assert accepted_node(tree, accepted) == node
+
+
+def test_verify_positions():
+    assert verify_positions(CHAIN) == 4 and verify_positions((2, 2)) == 7 and verify_positions(()) == 1
+
+
+def test_gdn_gating_matches_torch():
+    proj = torch.randn(7, 40)
+    dt_bias, neg_a = torch.rand(4), -torch.rand(4).exp()
+    g, beta = torch.full((7, 4), float("nan")), torch.full((7, 4), float("nan"))
+    gdn_gating(proj, 30, dt_bias, neg_a, g, beta)
+    b, a = proj[:, 30:34], proj[:, 34:38]
+    torch.testing.assert_close(beta, b.sigmoid())
+    torch.testing.assert_close(g, torch.nn.functional.softplus(a + dt_bias) * neg_a)
+
+
+# ------------------------------------------------------------------ a tiny model, eagerly on the CPU
+TINY = LayerShapes(model="tiny", tp=1, hidden=64, gdn_k_heads=2, gdn_v_heads=4, head_k_dim=16, head_v_dim=16,
+                   conv_kernel=4, q_heads=4, kv_heads=2, head_dim=32, num_experts=8, top_k=2, expert_width=32,
+                   shared_width=32, vocab=128, gdn_layers=1, attn_layers=1, mtp_depth=3)
+
+
+def tiny(policy: str) -> Executor:
+    return Executor(load_model("qwen3.5-35b-a3b"), load_policy(policy), device=torch.device("cpu"), max_requests=8,
+                    max_context=200, max_num_seqs=8, max_num_batched_tokens=64, block_size=16,
+                    kv_pool_bytes=1 << 20, kinds=["gdn", "attn"], shapes=TINY)
+
+
+@pytest.mark.parametrize("policy", ["store_all", "reconstruct", "replay"])
+def test_tiny_mixed_step_writes_every_row_and_commits_decode_states(policy):
+    ex = tiny(policy)
+    reqs = [R(1, 0, 20, CHAIN, 3), R(2, 0, 5, (1, 1), 1), R(3, 7, 0, (), 0)]  # ragged decodes + a prefill
+    before = ex.snapshot(4)
+    ex.poison()
+    out = ex.run(reqs, flush=True)
+    assert out.mode == EAGER and out.kind == "mixed_graph"
+    assert len(out.tokens) == 4 + 3 + 1 and len(out.accepted) == 2 and np.shape(out.drafts) == (3, 3)
+    assert torch.isfinite(ex.x[:14].float()).all()
+    after = ex.snapshot(4)
+    # the GDN states of the two decodes (slots 1, 2) and of the prefill (slot 3) moved; slot 0 did not
+    assert torch.equal(before[0][0], after[0][0])
+    assert all(not torch.equal(before[0][s], after[0][s]) for s in (1, 2, 3))
+
+
+def test_tiny_prefill_in_two_chunks_equals_one_chunk():
+    """The KV pages, conv window and GDN state a chunk leaves are what the next chunk reads."""
+    ex = tiny("store_all")
+    ex.run([R(1, 10, 0, (), 0)])
+    whole = ex.x[9].float().clone()
+    ex.run([R(1, 6, 0, (), 0)])
+    ex.run([R(1, 4, 6, (), 0)])
+    rel = (ex.x[3].float() - whole).norm() / whole.norm()
+    assert rel < 2e-2, f"relative error {rel:.2e}"
+
+
+def test_too_big_a_step_is_refused():
+    with pytest.raises(ValueError, match="exceeds"):
+        tiny("store_all").prepare([R(i, 0, 5, CHAIN, 1) for i in range(40)])

@@ -1,0 +1,82 @@
+"""`specsim calibrate replay` on the CPU: summaries, step sampling, the output files of a tiny replay, bad input."""
+import json
+import math
+
+import pytest
+
+from calibrate import host, replay as RP
+from core.config import EngineConfig, RunConfig
+from core.tables import HOST_COLUMNS, HOST_OPS
+from sim.cli import main
+from sim.step_trace import TracedRequest as R, TracedStep, write_steps
+from test_calibrate_executor import TINY  # pytest puts tests/ on the path
+
+CHAIN = (1, 1, 1)
+
+
+def _row(kind: str, measured: float, predicted: float, run: str = "a", old: float = math.nan) -> dict:
+    return {"run": run, "kind": kind, "measured_us": measured, "predicted_us": predicted, "old_predicted_us": old}
+
+
+def test_summary_errors_per_kind_and_sums():
+    rows = [_row("uniform_decode", 100, 110), _row("uniform_decode", 100, 95), _row("uniform_decode", 200, 200),
+            _row("mixed_eager", 1000, 500, run="b", old=2000)]
+    s = RP.summarize(rows)
+    assert s["uniform_decode"] == {"n": 3, "median_ape": 5.0, "p90_ape": 10.0, "bias": round(100 * 0.05 / 3, 3)}
+    assert s["mixed_eager"]["median_ape"] == 50.0 and s["mixed_eager"]["bias"] == -50.0
+    assert s["mixed_graph"] == {"n": 0, "median_ape": None, "p90_ape": None, "bias": None}
+    assert s["all"]["n"] == 4 and s["sum_measured_s"] == 0.0014 and s["sum_predicted_s"] == pytest.approx(0.000905)
+    assert s["old_eager_sum"]["mixed_eager"]["median_ape"] == 100.0 and s["old_eager_sum"]["uniform_decode"]["n"] == 0
+    assert s["runs"]["b"]["sum_error_pct"] == -50.0 and s["runs"]["a"]["kinds"]["uniform_decode"] == 3
+
+
+def test_sample_spreads_over_the_run():
+    assert RP.sample(10, None) == list(range(10))
+    assert RP.sample(10, 4) == [0, 3, 6, 9]
+    assert RP.sample(3, 10) == [0, 1, 2]
+
+
+def test_replay_policy_flushes_when_most_speculating_requests_do():
+    def step(*flags):
+        return TracedStep(0, 0.0, "uniform_decode", tuple(R(i, 0, 9, CHAIN, 2, 0, f) for i, f in enumerate(flags)),
+                          1.0, {})
+    assert RP.flushes(step(True, True, False)) and not RP.flushes(step(True, False, False))
+
+
+def test_host_ops_are_the_simulators():
+    assert set(host.OPS) == set(HOST_OPS) and host.COLUMNS == HOST_COLUMNS
+
+
+def test_tiny_replay_writes_steps_summary_and_provenance(tmp_path):
+    run = tmp_path / "c1"
+    run.mkdir()
+    meta = RunConfig(policy="replay", engine=EngineConfig(max_num_seqs=8, max_num_batched_tokens=64)).model_dump(
+        mode="json")
+    steps = [TracedStep(0, 0.0, "prefill_only", (R(1, 9, 0, (), 0),), 100.0, {"gdn": 60.0, "moe": 40.0}),
+             TracedStep(1, 0.1, "uniform_decode", (R(1, 0, 10, CHAIN, 4, 0, False),), 80.0, {"gdn": 40.0, "moe": 40.0})]
+    write_steps(run / "steps.csv", meta, steps)
+    rc = RP.replay([run / "steps.csv"], "h200", tmp_path / "out", reps=1, warmup=0, device="cpu", shapes=TINY,
+                   kinds=["gdn", "attn"], log=lambda _: None)
+    assert rc == 0
+    mdir = tmp_path / "out" / "qwen3.5-35b-a3b"
+    rows = RP.read_replay_rows(mdir / "replay_steps.csv")
+    assert [r["step"] for r in rows] == [0, 1] and [r["kind"] for r in rows] == ["prefill_only", "uniform_decode"]
+    assert all(r["measured_us"] > 0 and r["mode"] == "eager" for r in rows)
+    assert rows[1]["pred_gdn"] == 40.0 and rows[1]["predicted_us"] == 80.0 and rows[1]["tokens"] == 4
+    summary = json.loads((mdir / "replay_summary.json").read_text())
+    assert set(RP.SUMMARY_KINDS) <= set(summary) and summary["runs"]["c1"]["n"] == 2
+    part = json.loads((mdir / "provenance.json").read_text())["parts"][-1]
+    assert part["job"] == "replay" and part["steps_replayed"] == 2 and part["kernels"]["verify"].endswith("replay")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--mode", "fast"], "--mode must be one of vllm, eager, graph"),
+    (["--reps", "0"], "--reps must be >= 1"),
+    ([], "--steps RUN/steps.csv is required"),
+    (["--steps", "nowhere/steps.csv"], "no such steps file"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
+    extra = [] if args == [] or "--steps" in args else ["--smoke"]
+    assert main(["calibrate", "replay", "--gpu", "h200", *extra, *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
