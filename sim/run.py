@@ -92,7 +92,7 @@ def simulate(cfg: RunConfig, out_dir: Path | None = None) -> dict[str, Any]:
         "state_blocks_per_request": layout.state_blocks,
         "pool_bytes": budget.pool_bytes,
         "activation_source": budget.activation_source,
-        **result.semantics,  # the engine behaviours used (docs/engine.md)
+        "engine_semantics": result.semantics,  # the engine behaviours used (docs/engine.md)
     }
     if out_dir is not None:
         write_outputs(Path(out_dir), cfg, summary, result, hw)
