@@ -1,24 +1,24 @@
-"""Triton kernels of the closed-form tree solve (TreeWY), shared by reconstruct and replay.
+"""Triton kernels of the closed-form tree solve (TreeWY), shared by reconstruct, reconstruct_deferred and replay.
 
-Verify is two launches for trees of at most ROWS_MAX (4) positions, three beyond; commit one:
-  `_prep_kernel`   one program per tree: the ancestor-or-self mask (by repeated squaring
-                   of the one-hot parent matrix, so no per-node loop) and the cumulative
+Verify is two launches (one with `Tuning.prep` for T <= 16); commit one. `TUNING` picks:
+  `_prep_kernel`   one program per tree: the ancestor-or-self mask (`_ancestors`: repeated
+                   squaring of the one-hot parent matrix, no per-node loop) and the cumulative
                    log-decays G along every node's path.
-  `_rows_kernel`   (T <= ROWS_MAX) solve and state pass in one, store_all's pattern: the
-                   state tile S_0[rv, :] in registers, read once; positions in parent-first
-                   order, each one two float32 mat-vecs on the tile (S_0 k_t, S_0 q_t) plus
-                   the small ancestor sums over the pseudo-values found so far. H200, 35B
-                   shapes, B = 64: 46 / 79 / 144 us at T = 1 / 2 / 4 against 230-356 us for
-                   the blocked pair, but each further position costs ~35-130 us (latency-bound
-                   per row), so past T = 4 the blocked pair is faster (T = 8: 398 vs ~368 us).
-  `_solve_kernel`  (T > ROWS_MAX) the triangular solve, which never reads the state: with
-                   W = (I + diag(b) A)^-1 diag(b) and Att the masked decayed q.k matrix,
-                   X = W [G k | v] and Z = Att X, BC positions at a time (tf32x3 tl.dot).
-  `_apply_kernel`  (T > ROWS_MAX) the one pass over the state: u = X_v - X_k S0^T,
-                   o = Z_v + (G q - Z_k) S0^T.
-  `_state_kernel`  the commit: S_a = G_a S_0 + sum over the path (G_a / G_i) u_i k_i^T, in
-                   place. An unrolled, branch-free path loop (T <= COMMIT_UNROLL_MAX) measured
-                   no faster on the H200 (T = 8, 16: slower), so it is off by default.
+  `_fused_kernel`  (verify "fused", the default) solve and state pass in one program per
+                   (sequence, v-head, v-block): S_0[rv, :] read once, 16 positions a block, every
+                   product a tl.dot (`_dot`: float32-accurate, bf16x3 or tf32x3), the in-block
+                   triangular inverse as a product of NSQ factors. With a `Pending` commit
+                   (reconstruct_deferred) it first brings S_old up to date and writes it back.
+  `_rows_kernel`   (verify "rows", T <= rows_max) row by row on the register tile, store_all's
+                   pattern; run 2 (H200, 35B, B = 64): 46 / 79 / 144 us at T = 1 / 2 / 4, then
+                   ~35-130 us per further position (latency-bound cross-thread reductions).
+  `_solve_kernel` + `_apply_kernel`  (verify "blocked", run 1's) the state-free solve to X, Z,
+                   then u = X_v - X_k S0^T, o = Z_v + (G q - Z_k) S0^T.
+  `_commit_dot_kernel` / `_state_kernel`  the commit: S_a = G_a S_0 + sum over the path
+                   (G_a / G_i) u_i k_i^T, in place; 16 path nodes per tl.dot, or one rank-1
+                   update per node (run 1: 77% of copy bandwidth at B = 64, T = 4).
+  `_gather_path_kernel`  reconstruct_deferred's commit: the accepted path's weighted u and k
+                   into the pending buffer; `_flush_kernel` writes a pending commit alone.
 Rows of the state are independent, so every state pass splits d_v across programs.
 Shapes are fixed by the maximum T only: the tree lives in device tensors, so a CUDA
 graph captured once replays for any tree of at most T positions.
