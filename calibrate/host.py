@@ -26,7 +26,7 @@ OPS = ("step_prepare", "step_finish", "sample", "attn_core", "gdn_verify", "gdn_
 SLEEP_US = 200_000  # the busy kernel: longer than any op's `reps` issues take together
 
 
-def _cycles_per_us() -> float:
+def cycles_per_us() -> float:
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     e0.record()
     torch.cuda._sleep(10_000_000)
@@ -54,6 +54,26 @@ def issue_times(fn: Callable[[], object], reps: int, cycles_per_us: float) -> li
     return None
 
 
+def gpu_times(fn: Callable[[], object], reps: int, cycles_per_us: float) -> list[float] | None:
+    """GPU time (us) of each of `reps` calls of fn queued back to back behind a busy GPU: CUDA events
+    around each call, the launch gaps hidden as in a graph; None if the GPU went idle meanwhile."""
+    for sleep_us in (SLEEP_US, 4 * SLEEP_US):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(sleep_us * cycles_per_us))
+        busy = torch.cuda.Event()
+        busy.record()
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
+        marks[0].record()
+        for e in marks[1:]:
+            fn()
+            e.record()
+        idle = busy.query()
+        torch.cuda.synchronize()
+        if not idle:
+            return [a.elapsed_time(b) * 1e3 for a, b in zip(marks, marks[1:])]
+    return None
+
+
 def _row(op: str, n: int, ts: Sequence[float]) -> dict:
     q = statistics.quantiles(ts, n=10) if len(ts) > 1 else list(ts) * 9
     return {"op": op, "n": n, "us": round(statistics.median(ts), 2), "us_p10": round(q[0], 2),
@@ -64,7 +84,7 @@ def measure_host(ex: object, log: Callable[[str], None] = print, quick: bool = F
     """host.csv rows for the executor's model and policy (its graphs are captured as needed)."""
     from sim.step_trace import TracedRequest as R
 
-    cpu = _cycles_per_us()
+    cpu = cycles_per_us()
     rows: list[dict] = []
     tree = (1,) * ex.depth if ex.depth else ()
     reps = 5 if quick else 10

@@ -11,8 +11,9 @@ first) and compares the outputs; then the host costs of each op are measured
 
 Writes under `<out>/<model>/`: replay_steps.csv (one row per step: measured, the
 simulator's prediction and its terms, the old eager-sum pricing), replay_summary.json
-(errors per step kind and per run), replay_check.json, host.csv, and a part in
-provenance.json. `--smoke` runs a 2-layer model on synthetic steps of every kind.
+(errors per step kind and per run), replay_check.json, host.csv, gdn_prefill_varlen.csv
+(calibrate.varlen_prefill) and a part in provenance.json. `--smoke` runs a 2-layer model
+on synthetic steps of every kind (outputs under `<out>/<model>/smoke/`).
 """
 from __future__ import annotations
 
@@ -270,6 +271,8 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
     import torch
 
     from calibrate import host as H
+    from calibrate.varlen_prefill import gdn_prefill_varlen_table
+    from core.tables import SEQS_COLUMNS
     from calibrate import provenance
     from calibrate.executor import Executor, Weights
     from calibrate.shapes import LayerShapes
@@ -306,9 +309,12 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
         log(f"weights: {torch.cuda.memory_allocated() / 2**30 if dev.type == 'cuda' else 0:.1f} GiB in "
             f"{time.perf_counter() - tw:.1f} s")
         quota = None if max_steps is None else max(1, max_steps // len(runs))
+        for run in runs:  # only the sampled steps are sized for, priced and replayed
+            run.steps = [run.steps[i] for i in sample(len(run.steps), quota)]
         rows: list[dict] = []
         checks: list[dict] = []
         host_rows: list[dict] = []
+        varlen_rows: list[dict] = []
         errors_: list[str] = []
         kernels: dict = {}
         # One executor per policy and engine size: runs that share them share its captured graphs.
@@ -353,7 +359,7 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                 group_end = None if left is None else time.perf_counter() + left / (len(groups) - gi)
                 for k, run in enumerate(group):
                     end = None if group_end is None else time.perf_counter() + (group_end - time.perf_counter()) / (len(group) - k)
-                    replay_run(ex, run, quota, reps, warmup, end, gpu, rows, errors_, log,
+                    replay_run(ex, run, reps, warmup, end, gpu, rows, errors_, log,
                                on_progress=lambda: write_outputs(mdir, rows))
                 if reserve:
                     try:
@@ -361,6 +367,12 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                     except Exception as e:
                         errors_.append(f"host: {type(e).__name__}: {e}")
                         log(f"host FAILED: {traceback.format_exc()}")
+                    if "gdn" in kinds and ex.chunk_fn is not None and not smoke:
+                        try:
+                            varlen_rows = gdn_prefill_varlen_table(ex, hw, log)
+                        except Exception as e:
+                            errors_.append(f"gdn_prefill_varlen: {type(e).__name__}: {e}")
+                            log(f"gdn_prefill_varlen FAILED: {traceback.format_exc()}")
                 if ex.graphs is not None:
                     log(f"[{first.policy.name}] {len(ex.graphs)} graphs captured in {ex.graphs.capture_s:.1f} s")
                 del ex
@@ -374,6 +386,8 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
     provenance.write(mdir / "replay_check.json", {"tolerance": CHECK_TOLERANCE, "cases": checks})
     if host_rows:
         write_csv(mdir / "host.csv", host_rows, H.COLUMNS)
+    if varlen_rows:
+        write_csv(mdir / "gdn_prefill_varlen.csv", varlen_rows, SEQS_COLUMNS)
     part = {**env, "git_commit": commit, "command": " ".join(sys.argv), "job": "replay", "mode": mode,
             "smoke": smoke, "runs": [r.name for r in runs], "steps_replayed": len(rows), "reps": reps,
             "warmup": warmup, "kernels": kernels, "errors": errors_, "wall_s": round(time.perf_counter() - t0, 1)}
@@ -386,13 +400,13 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
     return 1 if failed or (errors_ and not rows) else 0
 
 
-def replay_run(ex: object, run: Run, quota: int | None, reps: int, warmup: int, end: float | None, gpu: str,
+def replay_run(ex: object, run: Run, reps: int, warmup: int, end: float | None, gpu: str,
                rows: list[dict], errors_: list[str], log: Callable[[str], None],
                on_progress: Callable[[], None]) -> None:
     """Time the sampled steps of one run (synthetic steps of every kind for --smoke) until `end`,
     appending a row per step to `rows`."""
     if run.steps:
-        steps = [(run.steps[i], flushes(run.steps[i])) for i in sample(len(run.steps), quota)]
+        steps = [(s, flushes(s)) for s in run.steps]
     else:
         steps = [(_synthetic_traced(reqs, j), False)
                  for j, (_, reqs) in enumerate(synthetic_steps(ex.positions, ex.depth, ex.sizes))]
