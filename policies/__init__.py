@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from policies.base import CommitPolicy
 from policies.reconstruct import Reconstruct
+from policies.reconstruct_deferred import ReconstructDeferred
 from policies.replay import Replay
 from policies.store_all import StoreAll
 from policies.tree import DraftTree
@@ -16,7 +17,8 @@ from policies.tree import DraftTree
 if TYPE_CHECKING:
     from core.config import ModelConfig, PolicyConfig
 
-POLICIES: dict[str, type[CommitPolicy]] = {"store_all": StoreAll, "reconstruct": Reconstruct, "replay": Replay}
+POLICIES: dict[str, type[CommitPolicy]] = {"store_all": StoreAll, "reconstruct": Reconstruct, "replay": Replay,
+                                           "reconstruct_deferred": ReconstructDeferred}
 
 
 def make_policy(model: "ModelConfig", cfg: "PolicyConfig") -> CommitPolicy:
