@@ -55,8 +55,8 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, pool: Pool, *, max_num_batched_tokens: int, max_num_seqs: int, verify_positions: int,
-                 lookahead: int, admission: str, max_model_len: int, async_scheduling: bool = False,
-                 truncate_drafts: bool = False, align_tokens: int = 0) -> None:
+                 lookahead: int, admission: str, max_model_len: int, async_scheduling: bool,
+                 truncate_drafts: bool, align_tokens: int) -> None:
         """`truncate_drafts` only for a chain draft; `align_tokens`: the block size of mamba cache
         mode "align" (0: chunks are not aligned)."""
         if admission not in ("full_prompt", "first_chunk"):

@@ -66,6 +66,21 @@ def test_request_surely_done_gets_no_extra_step():
     assert s["num_steps"] == 2
 
 
+def test_preempted_while_in_flight_keeps_that_steps_tokens():
+    # test_engine_scenarios.two_fit_three_arrive under async: the plan made at 4 DT (step 5)
+    # preempts request 1 while its step 4 runs; step 4's tokens still reach it at 5 DT, and
+    # its recompute covers them (vLLM appends a preempted request's in-flight outputs).
+    _, _, layout, _ = setup()
+    b, state = layout.attn_block_tokens, layout.state_blocks
+    res, s = scenario(specs(*[(b - 19, 100)] * 3), num_blocks=2 * (state + 1) + 1, accept=ACCEPT_ALL, engine=ASYNC)
+    r1 = by_id(res)[1]
+    assert r1.preemptions == 1
+    assert [round(t / DT) for t in r1.token_times[:5]] == [1, 2, 3, 4, 5]  # the last one after the preemption
+    assert r1.waiting_s == pytest.approx((26 - 4) * DT)  # preempted by the plan at 4 DT, readmitted at 26 DT
+    assert r1.spec_steps == 4 + 21 and r1.generated == 100  # 17 tokens kept, a recompute token, 21 verifies
+    assert all(r.generated == r.output for r in res.requests) and res.pool.free == res.pool.capacity
+
+
 @pytest.mark.parametrize("engine,first_step", [(SYNC, 2), (ASYNC, 3)], ids=["sync", "async"])
 def test_arrival_starts_a_step_later_under_async(engine, first_step):
     # Request 1 arrives during step 1 (at 1.5 DT). Async, step 2 was planned at 1 DT.
