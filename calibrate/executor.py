@@ -288,26 +288,26 @@ class Executor:
                  shapes: LayerShapes | None = None, weights: Weights | None = None,
                  log: Callable[[str], None] = print) -> None:
         s = self.s = shapes or LayerShapes.from_model(model)
-        self.device, self.log, self.policy = device, log, policy
+        self.device, self.log, self.model = device, log, model
         self.graphs = GraphCache() if device.type == "cuda" and mode != "eager" else None
         self.mode = mode if self.graphs is not None else "eager"
         self.kinds = kinds or model.layer_pattern * (model.num_layers // len(model.layer_pattern))
-        self.tree = DraftTree(tuple(policy.draft_tree_widths))
-        # Uniform-decode query length, drafter passes, capture sizes and whether the policy's
-        # tree allows a full graph: what the simulator dispatched the traced steps with.
-        self.positions, self.depth, self.sizes, self.full_capturable = step_shape(
-            model, make_policy(model, policy), max_num_seqs, max_num_batched_tokens)
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        # Uniform-decode query length, drafter passes, capture sizes: what the simulator dispatched
+        # the traced steps with (a policy of another shape needs another executor).
+        self.positions, self.depth, self.sizes, _ = step_shape(model, make_policy(model, policy), max_num_seqs,
+                                                               max_num_batched_tokens)
         cap = self.sizes[-1] if self.sizes else 0
         self.max_tokens = max(max_num_batched_tokens, cap) + 256  # room for --mode graph padding
-        # A full graph pads requests (up to cap / positions; --mode graph: 256 tokens more).
-        self.max_requests = max(max_requests + 256 // self.positions + 1, cap // self.positions)
-        self.max_step_requests = self.max_requests - 256 // self.positions - 1  # real requests of one step
+        # A full graph pads requests: up to cap / positions, and under --mode graph up to 256 tokens more.
+        pad = 256 // self.positions + 1 if mode == "graph" else 0
+        self.max_requests = max(max_requests + pad, cap // self.positions)
+        self.max_step_requests = self.max_requests - pad  # real requests of one step
         self.block_size = block_size
         self.state_dtype = torch.float32 if model.state_dtype_bytes == 4 else L.BF16
         self.w = weights or Weights.build(s, self.kinds, device)
         self._buffers(max_context, kv_pool_bytes)
-        self.verify_mod, self.conv_verify, self.conv_commit = load_policy_kernels(policy.mamba_state_commit)
-        self._replay_states()
+        self.use_policy(policy)
         self.chunk_fn, self.fla_conv = load_fla()
         from calibrate.kernels.paged_attention import paged_attention, reshape_and_cache
         self.paged_attention, self.reshape_and_cache = paged_attention, reshape_and_cache
@@ -357,6 +357,23 @@ class Executor:
         self.conv_pool = [torch.randn(n_slots, s.gdn_conv_channels, s.conv_kernel - 1, device=d).to(L.BF16)
                           if kind == "gdn" else None for kind in self.kinds]
 
+    def use_policy(self, policy: PolicyConfig) -> None:
+        """Run the GDN cores with this policy's kernels from now on. The dense pieces' graphs are
+        kept (they do not depend on the policy); full graphs are keyed by policy."""
+        shape = step_shape(self.model, make_policy(self.model, policy), self.max_num_seqs,
+                           self.max_num_batched_tokens)
+        if shape[:3] != (self.positions, self.depth, self.sizes):
+            raise ValueError(f"policy {policy.name}: verify positions / drafter passes / capture sizes {shape[:3]} "
+                             f"differ from this executor's {(self.positions, self.depth, self.sizes)}")
+        self.policy = policy
+        self.policy_key = policy.model_dump_json()  # full graphs are captured per policy
+        self.tree = DraftTree(tuple(policy.draft_tree_widths))
+        # The fixed-tree kernels replay inside a full graph; a real tree without
+        # graph_capturable_tree breaks it (the step then runs piecewise).
+        self.full_capturable = shape[3]
+        self.verify_mod, self.conv_verify, self.conv_commit = load_policy_kernels(policy.mamba_state_commit)
+        self._replay_states()
+
     def _replay_states(self) -> None:
         """replay keeps per slot a cache of accepted inputs beside the state (policies.kernels.replay)."""
         self.rs, self.rcs = {}, {}
@@ -396,7 +413,7 @@ class Executor:
                  self.full_capturable, mode or self.mode)
         if d.mode != EAGER and self.graphs is None:
             raise ValueError("graph modes need a CUDA device and an executor not built with mode='eager'")
-        if d.mode == FULL and (d.tokens, flush) in self.full_failed:
+        if d.mode == FULL and (self.policy_key, d.tokens, flush) in self.full_failed:
             d = Plan(d.kind, PIECEWISE, d.tokens, R)
         full = d.mode == FULL
         # A full graph also runs its padded requests: dummy decodes on the dummy block.
@@ -722,7 +739,7 @@ class Executor:
     def launch(self, st: Step) -> None:
         """Every GPU launch of the step, no synchronisation; results land in self.out."""
         if st.d.mode == FULL:
-            key = (st.d.tokens, st.flush)
+            key = (self.policy_key, st.d.tokens, st.flush)
             try:
                 self.graphs.replay(("full",) + key, lambda: self._target(st))
             except Exception as e:  # e.g. a core that syncs: this size runs piecewise from now on

@@ -154,7 +154,7 @@ def measure_host(ex: object, log: Callable[[str], None] = print, quick: bool = F
             if ex.positions > 1 and size % ex.positions == 0 and ex.full_capturable:
                 reqs = decodes(size // ex.positions)
                 ex.run(reqs)  # captures its full graph
-                g = ex.graphs.graphs.get(("full", size, False))
+                g = ex.graphs.graphs.get(("full", ex.policy_key, size, False))
                 if g is not None:
                     record("full_graph", size, g.replay, 5)
             ex.run([R(200, size - 1 if size > 1 else 1, 0, (), 0)])  # a prefill-only step: piecewise

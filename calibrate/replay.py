@@ -272,6 +272,7 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
 
     from calibrate import host as H
     from calibrate.varlen_prefill import gdn_prefill_varlen_table
+    from sim.step_trace import step_shape
     from core.tables import SEQS_COLUMNS
     from calibrate import provenance
     from calibrate.executor import Executor, Weights
@@ -315,12 +316,18 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
         checks: list[dict] = []
         host_rows: list[dict] = []
         varlen_rows: list[dict] = []
+        host_policy = None
         errors_: list[str] = []
-        kernels: dict = {}
-        # One executor per policy and engine size: runs that share them share its captured graphs.
+        kernels: dict = {}  # per policy: which implementation each core ran
+        # One executor per step shape (engine sizes, verify positions, drafter passes, KV block): its
+        # runs share the dense pieces' graphs, whatever their policies; runs of a policy are adjacent.
         groups: dict[tuple, list[Run]] = {}
-        for run in runs:
-            key = (run.policy.model_dump_json(), run.engine.max_num_seqs, run.engine.max_num_batched_tokens)
+        for run in sorted(runs, key=lambda r: r.policy.name):
+            seqs = run.engine.max_num_seqs or hw.max_num_seqs
+            tokens = run.engine.max_num_batched_tokens or hw.max_num_batched_tokens
+            pol = make_policy(model, run.policy)
+            key = (seqs, tokens, step_shape(model, pol, seqs, tokens)[:3],
+                   block_layout(model, pol, 1 << 40).attn_block_tokens)
             groups.setdefault(key, []).append(run)
         host_reserve = (HOST_RESERVE_S / 3 if smoke else HOST_RESERVE_S) if host and dev.type == "cuda" else 0.0
         try:
@@ -331,8 +338,7 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                     errors_ += [f"{run.name}: skipped, time budget spent" for run in group]
                     continue
                 first = group[0]
-                pol = make_policy(model, first.policy)
-                lay = block_layout(model, pol, 1 << 40)
+                lay = block_layout(model, make_policy(model, first.policy), 1 << 40)
                 block_bytes = lay.attn_block_tokens * shapes.kv_bytes_per_token * (model.attn_layers + 1)
                 all_steps = [s for run in group for s in run.steps]
                 # At least 8k of context: the check and host.csv use their own batches.
@@ -346,10 +352,9 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                               max_num_batched_tokens=first.engine.max_num_batched_tokens or hw.max_num_batched_tokens,
                               block_size=lay.attn_block_tokens, kv_pool_bytes=kv_bytes, mode=mode, kinds=kinds,
                               shapes=shapes, log=log, weights=w)
-                kernels = ex.kernel_sources()
-                log(f"[{first.policy.name}] runs {[r.name for r in group]}: block {lay.attn_block_tokens} tokens, "
-                    f"{ex.num_blocks} blocks ({ex.kv_pool_bytes() / 2**30:.1f} GiB KV), capture sizes up to "
-                    f"{ex.sizes[-1] if ex.sizes else 0}; kernels {kernels}")
+                log(f"[executor {gi + 1}/{len(groups)}] runs {[r.name for r in group]}: block "
+                    f"{lay.attn_block_tokens} tokens, {ex.num_blocks} blocks ({ex.kv_pool_bytes() / 2**30:.1f} GiB "
+                    f"KV), capture sizes up to {ex.sizes[-1] if ex.sizes else 0}")
                 if gi == 0 and ex.graphs is not None:
                     try:
                         checks = check_modes(ex, log)
@@ -358,10 +363,18 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                         log(f"check FAILED: {traceback.format_exc()}")
                 group_end = None if left is None else time.perf_counter() + left / (len(groups) - gi)
                 for k, run in enumerate(group):
-                    end = None if group_end is None else time.perf_counter() + (group_end - time.perf_counter()) / (len(group) - k)
+                    end = None if group_end is None else \
+                        time.perf_counter() + (group_end - time.perf_counter()) / (len(group) - k)
+                    ex.use_policy(run.policy)
+                    kernels[run.policy.name] = ex.kernel_sources()
+                    log(f"[{run.name}] policy {run.policy.name}: kernels {kernels[run.policy.name]}")
                     replay_run(ex, run, reps, warmup, end, gpu, rows, errors_, log,
                                on_progress=lambda: write_outputs(mdir, rows))
                 if reserve:
+                    # host.csv has no policy axis: measured under vLLM's default (store_all) where replayed.
+                    ex.use_policy(next((r.policy for r in group if r.policy.mamba_state_commit == "store_all"),
+                                       group[0].policy))
+                    host_policy = ex.policy.name
                     try:
                         host_rows = H.measure_host(ex, log, quick=smoke)
                     except Exception as e:
@@ -374,7 +387,7 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                             errors_.append(f"gdn_prefill_varlen: {type(e).__name__}: {e}")
                             log(f"gdn_prefill_varlen FAILED: {traceback.format_exc()}")
                 if ex.graphs is not None:
-                    log(f"[{first.policy.name}] {len(ex.graphs)} graphs captured in {ex.graphs.capture_s:.1f} s")
+                    log(f"[executor {gi + 1}] {len(ex.graphs)} graphs captured in {ex.graphs.capture_s:.1f} s")
                 del ex
                 gc.collect()
                 if dev.type == "cuda":
@@ -390,7 +403,8 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
         write_csv(mdir / "gdn_prefill_varlen.csv", varlen_rows, SEQS_COLUMNS)
     part = {**env, "git_commit": commit, "command": " ".join(sys.argv), "job": "replay", "mode": mode,
             "smoke": smoke, "runs": [r.name for r in runs], "steps_replayed": len(rows), "reps": reps,
-            "warmup": warmup, "kernels": kernels, "errors": errors_, "wall_s": round(time.perf_counter() - t0, 1)}
+            "warmup": warmup, "kernels": kernels, "host_policy": host_policy, "errors": errors_,
+            "wall_s": round(time.perf_counter() - t0, 1)}
     part["device_time_s"] = part["wall_s"]
     prov = provenance.read(mdir / "provenance.json")
     prov.setdefault("parts", []).append(part)

@@ -131,3 +131,15 @@ def test_tiny_prefill_in_two_chunks_equals_one_chunk():
 def test_too_big_a_step_is_refused():
     with pytest.raises(ValueError, match="exceeds"):
         tiny("store_all").prepare([R(i, 0, 5, CHAIN, 1) for i in range(40)])
+
+
+def test_one_executor_serves_policies_of_one_step_shape():
+    ex = tiny("store_all")
+    step = [R(1, 0, 20, CHAIN, 3), R(2, 5, 0, (), 0)]
+    ex.run(step)
+    ex.use_policy(load_policy("replay"))
+    assert ex.verify_mod.__name__.endswith("replay") and ex.rs
+    out = ex.run(step, flush=True)
+    assert torch.isfinite(ex.x[:9].float()).all() and len(out.tokens) == 5
+    with pytest.raises(ValueError, match="differ from this executor"):
+        ex.use_policy(load_policy("store_all", {"draft_tree_widths": [2, 2]}))
