@@ -247,8 +247,9 @@ def run_engine(specs: Sequence[RequestSpec], *, pool: Pool, policy: CommitPolicy
         if not align:
             raise ValueError("mamba cache mode 'align' needs block_tokens (the pool has no block layout)")
         if align > max_num_batched_tokens:
-            raise ConfigError(f"engine.mamba_cache_mode 'align' needs max_num_batched_tokens ({max_num_batched_tokens}) "
-                              f">= the block size ({align} tokens), or no prefill chunk could ever start")
+            raise ConfigError(f"engine.mamba_cache_mode 'align' needs max_num_batched_tokens "
+                              f"({max_num_batched_tokens}) >= the block size ({align} tokens), "
+                              "or no prefill chunk could ever start")
     chain = all(w == 1 for w in policy.tree.widths)  # a tree cannot be cut to a budget
     env = simpy.Environment(initial_time=0.0)
     scheduler = Scheduler(

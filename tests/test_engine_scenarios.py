@@ -46,7 +46,8 @@ def setup(policy="store_all", widths=(1, 1, 1), mtp_depth=None, engine=OLD):
 def semantics_for(name, max_tokens, policy="store_all", widths=(1, 1, 1)):
     """The named semantics; align mode needs a budget of one block, so below that, current without it."""
     engine = SEMANTICS[name]
-    if engine.resolved_mamba_cache_mode == "align" and max_tokens < setup(policy, widths, engine=engine)[2].attn_block_tokens:
+    block = setup(policy, widths, engine=engine)[2].attn_block_tokens
+    if engine.resolved_mamba_cache_mode == "align" and max_tokens < block:
         return engine.model_copy(update={"enable_prefix_caching": False})
     return engine
 

