@@ -228,6 +228,9 @@ class Weights:
 
 
 # ------------------------------------------------------------------ GDN kernels
+CONV_OF = {"reconstruct_deferred": "reconstruct"}  # its conv window is rebuilt from the path, as reconstruct's
+
+
 def load_policy_kernels(policy: str) -> tuple[object, Callable, Callable]:
     """The policy's SSM verify/commit module and its conv verify/commit (policies.kernels)."""
     import importlib
@@ -235,7 +238,8 @@ def load_policy_kernels(policy: str) -> tuple[object, Callable, Callable]:
     from policies.kernels import conv
 
     mod = importlib.import_module(f"policies.kernels.{policy}")
-    return mod, getattr(conv, f"{policy}_verify"), getattr(conv, f"{policy}_commit")
+    c = CONV_OF.get(policy, policy)
+    return mod, getattr(conv, f"{c}_verify"), getattr(conv, f"{c}_commit")
 
 
 def load_fla() -> tuple[Callable | None, Callable | None]:
@@ -375,18 +379,24 @@ class Executor:
         self._replay_states()
 
     def _replay_states(self) -> None:
-        """replay keeps per slot a cache of accepted inputs beside the state (policies.kernels.replay)."""
-        self.rs, self.rcs = {}, {}
-        if self.policy.mamba_state_commit != "replay":
-            return
-        from policies.kernels.conv import ReplayConvState
-        from policies.kernels.replay import ReplayState
+        """Per-slot state beside the pools: replay's caches of accepted inputs (state and conv),
+        reconstruct_deferred's pending commit (policies.kernels)."""
+        self.rs, self.rcs, self.ds = {}, {}, {}
+        commit, path = self.policy.mamba_state_commit, self.tree.depth + 1
+        gdn = [i for i, kind in enumerate(self.kinds) if kind == "gdn"]
+        if commit == "replay":
+            from policies.kernels.conv import ReplayConvState
+            from policies.kernels.replay import ReplayState
 
-        fi, path = self.policy.flush_interval, self.tree.depth + 1
-        for i, kind in enumerate(self.kinds):
-            if kind == "gdn":
+            fi = self.policy.flush_interval
+            for i in gdn:
                 self.rs[i] = ReplayState.start(self.ssm[i], fi, path, self.s.gdn_k_heads)
                 self.rcs[i] = ReplayConvState.start(self.conv_pool[i], fi, path, L.BF16)
+        elif commit == "reconstruct_deferred":
+            from policies.kernels.reconstruct_deferred import DeferredState
+
+            for i in gdn:
+                self.ds[i] = DeferredState.start(self.ssm[i], path, self.s.gdn_k_heads)
 
     def kernel_sources(self) -> dict[str, str]:
         """Which implementation each core runs (a reference instead of a kernel makes timings moot)."""
@@ -599,6 +609,11 @@ class Executor:
                             beta=rs.beta[1:B + 1], count=rs.count[1:B + 1], steps=steps)
             conv_state = replace(rcs, conv_state=rcs.conv_state[1:B + 1], x=rcs.x[1:B + 1],
                                  count=rcs.count[1:B + 1], steps=steps)
+        elif self.ds:
+            p = self.ds[i].pending
+            state = replace(self.ds[i], state=self.ssm[i][1:B + 1],
+                            pending=replace(p, pu=p.pu[1:B + 1], pk=p.pk[1:B + 1], pg=p.pg[1:B + 1], pn=p.pn[1:B + 1]))
+            conv_state = self.conv_pool[i][1:B + 1]
         else:
             state, conv_state = self.ssm[i][1:B + 1], self.conv_pool[i][1:B + 1]
         y, conv_ctx = self.conv_verify(qkv.reshape(B, T, -1), self.w.conv[i], parent, conv_state, lengths)
@@ -798,6 +813,9 @@ class Executor:
             ts += [rs.k[:slots], rs.v[:slots], rs.g[:slots], rs.beta[:slots], rs.count[:slots]]
         for rcs in self.rcs.values():
             ts += [rcs.x[:slots], rcs.count[:slots]]
+        for ds in self.ds.values():
+            p = ds.pending
+            ts += [p.pu[:slots], p.pk[:slots], p.pg[:slots], p.pn[:slots]]
         return ts
 
     def snapshot(self, slots: int) -> list[torch.Tensor]:
