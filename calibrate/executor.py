@@ -172,8 +172,9 @@ def gdn_gating(proj: torch.Tensor, col_b: int, dt_bias: torch.Tensor, neg_a: tor
 
 # ------------------------------------------------------------------ packed metadata
 class Packed:
-    """Named int fields in one host buffer (pinned on CUDA) mirrored by one device buffer:
-    one copy per step uploads them all, and device views keep fixed addresses for graphs."""
+    """Named int fields in a host buffer (pinned on CUDA) mirrored by one device buffer: one copy
+    per step uploads them all, and device views keep fixed addresses for graphs. Two host
+    buffers alternate (`flip`), so a step can be prepared while the last one's copy is queued."""
 
     def __init__(self, sizes: dict[str, int], dtype: torch.dtype, device: torch.device) -> None:
         self.offsets: dict[str, tuple[int, int]] = {}
@@ -182,9 +183,14 @@ class Packed:
             self.offsets[name] = (o, n)
             o += n
         pin = device.type == "cuda"
-        self.host = torch.zeros(o, dtype=dtype, pin_memory=pin)
-        self.np = self.host.numpy()
+        self.hosts = [torch.zeros(o, dtype=dtype, pin_memory=pin) for _ in range(2)]
+        self.cur = 0
+        self.np = self.hosts[0].numpy()
         self.dev = torch.zeros(o, dtype=dtype, device=device)
+
+    def flip(self) -> None:
+        self.cur ^= 1
+        self.np = self.hosts[self.cur].numpy()
 
     def h(self, name: str) -> np.ndarray:
         o, n = self.offsets[name]
@@ -195,7 +201,7 @@ class Packed:
         return self.dev[o:o + (size if n is None else n)]
 
     def upload(self) -> None:
-        self.dev.copy_(self.host, non_blocking=True)
+        self.dev.copy_(self.hosts[self.cur], non_blocking=True)
 
 
 # ------------------------------------------------------------------ weights
@@ -279,6 +285,8 @@ class Step:
     n_logits: int
     max_q: int
     flush: bool
+    done: object | None  # set by launch: the event after the step's tokens were copied to the host
+    out_host: torch.Tensor | None  # set by launch: the pinned buffer they land in
     cols: int  # block-table columns the attention kernel sees (the kernel sizes its key splits by them)
     how: str  # the graphs.MODES rule the step runs under (the drafter's later passes follow it)
 
@@ -329,7 +337,6 @@ class Executor:
         self.i32 = Packed({"seq_lens": R, "cu_q": R + 1, "tables": R * self.table_width, "parent": R * T,
                            "lengths": R, "accepted": R, "pf_init": R, "d_seq_lens": k * R, "d_cu": R + 1},
                           torch.int32, d)
-        self.i32.h("d_cu")[:] = np.arange(R + 1)
         z = dict(device=d, dtype=L.BF16)
         self.x = torch.zeros(N, s.hidden, **z)  # the target's residual stream
         self.gdn_proj = torch.zeros(N, s.gdn_in_features, **z)
@@ -348,7 +355,10 @@ class Executor:
         self.d_pos = torch.zeros(N, dtype=torch.int64, device=d)
         self.d_hidden = torch.zeros(N, s.hidden, **z)  # the drafter's residual stream
         self.out = torch.zeros(N + R + k * R, dtype=torch.int64, device=d)  # tokens | accepted | drafts
-        self.out_host = torch.zeros(self.out.shape, dtype=torch.int64, pin_memory=d.type == "cuda")
+        # Two host copies of `out`, alternating: a step's tokens land while the next one is launched.
+        self.out_hosts = [torch.zeros(self.out.shape, dtype=torch.int64, pin_memory=d.type == "cuda")
+                          for _ in range(2)]
+        self.out_cur = 0
         # Paged KV pool: every attention layer plus the MTP layer, [blocks, block_size, kv_heads, D].
         n_attn = self.kinds.count("attn") + 1
         self.num_blocks = max(2, kv_pool_bytes // (n_attn * self.block_size * s.kv_bytes_per_token))
@@ -429,7 +439,10 @@ class Executor:
         # A full graph also runs its padded requests: dummy decodes on the dummy block.
         Rr, Br, nr = (d.requests, d.requests, d.tokens) if full else (R, B, n)
         T = lay.positions_max or 1
+        self.i64.flip()
+        self.i32.flip()
         h64, h32 = self.i64.h, self.i32.h
+        h32("d_cu")[:Rr + 1] = np.arange(Rr + 1)
         rows = d.tokens if d.mode != EAGER else n
         h64("ids")[:n] = lay.positions * 2654435761 % self.s.vocab  # any valid ids: the weights are random
         h64("ids")[n:rows] = 0
@@ -491,7 +504,7 @@ class Executor:
         self.i32.upload()
         return Step(lay=lay, d=d, n=nr if full else n, R=Rr, B=Br, T=T, P=P, ragged=ragged,
                     pf_cu_cpu=torch.from_numpy(pf_cu) if P else None, n_logits=nd + P,
-                    max_q=T if full else int(lay.q_lens.max()), flush=flush,
+                    max_q=T if full else int(lay.q_lens.max()), flush=flush, done=None, out_host=None,
                     # A full graph replays at any context: its table keeps every column.
                     cols=W if full else int(lay.blocks.max()), how=mode or self.mode)
 
@@ -752,7 +765,7 @@ class Executor:
         return L.lm_head_forward(self.d_hidden.index_select(0, rows), self.w.head, self.s)
 
     def launch(self, st: Step) -> None:
-        """Every GPU launch of the step, no synchronisation; results land in self.out."""
+        """Every GPU launch of the step and the copy of its results to a pinned host buffer; no sync."""
         if st.d.mode == FULL:
             key = (self.policy_key, st.d.tokens, st.flush)
             try:
@@ -769,6 +782,12 @@ class Executor:
             drafts = self._drafter(st)
             o = self.max_tokens + self.max_requests
             self.out[o:o + drafts.numel()].copy_(drafts.flatten())
+        self.out_cur ^= 1
+        st.out_host = self.out_hosts[self.out_cur]
+        st.out_host.copy_(self.out, non_blocking=True)
+        if self.device.type == "cuda":
+            st.done = torch.cuda.Event()
+            st.done.record()
 
     def sample(self, st: Step) -> None:
         """LM head on the sampled rows, greedy tokens and acceptance, into self.out."""
@@ -790,13 +809,12 @@ class Executor:
             self.out[N:N + B].copy_(match.sum(1) + 1)
 
     def finish(self, st: Step) -> StepOutput:
-        """Sampled tokens to the host (the step's only synchronisation), then Python lists."""
-        self.out_host.copy_(self.out, non_blocking=True)
-        if self.device.type == "cuda":
-            torch.cuda.current_stream().synchronize()
+        """Wait for the step's tokens on the host (its only synchronisation), then Python lists."""
+        if st.done is not None:
+            st.done.synchronize()
         N, o = self.max_tokens, self.max_tokens + self.max_requests
         Rreal, B = len(st.lay.order), st.lay.num_decodes
-        out = self.out_host
+        out = st.out_host
         return StepOutput(tokens=out[:st.n_logits].tolist(), accepted=out[N:N + B].tolist(),
                           drafts=out[o:o + self.depth * Rreal].view(self.depth, Rreal).tolist(),
                           kind=st.d.kind, mode=st.d.mode, padded_tokens=st.d.tokens)

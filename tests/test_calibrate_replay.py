@@ -62,6 +62,7 @@ def test_tiny_replay_writes_steps_summary_and_provenance(tmp_path):
     rows = RP.read_replay_rows(mdir / "replay_steps.csv")
     assert [r["step"] for r in rows] == [0, 1] and [r["kind"] for r in rows] == ["prefill_only", "uniform_decode"]
     assert all(r["measured_us"] > 0 and r["mode"] == "eager" for r in rows)
+    assert all(r["measured_us"] == r["measured_async_us"] for r in rows)  # the run simulated async scheduling
     assert rows[1]["pred_gdn"] == 40.0 and rows[1]["predicted_us"] == 80.0 and rows[1]["tokens"] == 4
     summary = json.loads((mdir / "replay_summary.json").read_text())
     assert set(RP.SUMMARY_KINDS) <= set(summary) and summary["runs"]["c1"]["n"] == 2
