@@ -844,7 +844,9 @@ class Executor:
         for t, c in zip(self._pool_views(saved[0].shape[0]), saved):
             t.copy_(c)
 
-    def poison(self) -> None:
-        """NaN in every activation buffer: a row a step should have written but did not shows up."""
+    def poison(self, rows: int) -> None:
+        """NaN in the first `rows` rows of every activation buffer: a row of a step of `rows` tokens
+        that should have been written but was not shows up. Rows past them (graph padding) stay
+        finite: the router would pick experts from NaN logits."""
         for t in (self.x, self.gdn_proj, self.gdn_o, self.q, self.gate, self.k, self.v, self.attn_o, self.d_hidden):
-            t.fill_(math.nan)
+            t[:rows].fill_(math.nan)

@@ -249,10 +249,10 @@ def check_modes(ex: object, log: Callable[[str], None]) -> list[dict]:
         ref = None
         for mode in ("eager", "vllm"):
             ex.run(reqs, mode=mode)  # captures its graphs: their warm-up commits, so restore after
-            ex.restore(saved)
-            ex.poison()
-            out = ex.run(reqs, mode=mode)
             n = sum(r.prefill or ex_positions(r) for r in reqs)
+            ex.restore(saved)
+            ex.poison(n)
+            out = ex.run(reqs, mode=mode)
             x = ex.x[:n].float().clone()
             row = {"kind": kind, "mode": mode, "executed": out.mode, "finite": bool(torch.isfinite(x).all())}
             if ref is None:

@@ -106,7 +106,7 @@ def test_tiny_mixed_step_writes_every_row_and_commits_decode_states(policy):
     ex = tiny(policy)
     reqs = [R(1, 0, 20, CHAIN, 3), R(2, 0, 5, (1, 1), 1), R(3, 7, 0, (), 0)]  # ragged decodes + a prefill
     before = ex.snapshot(4)
-    ex.poison()
+    ex.poison(14)
     out = ex.run(reqs, flush=True)
     assert out.mode == EAGER and out.kind == "mixed_graph"
     assert len(out.tokens) == 4 + 3 + 1 and len(out.accepted) == 2 and np.shape(out.drafts) == (3, 3)
