@@ -8,8 +8,9 @@ If the sleep finished before the last call was issued the sample is void (retrie
 with a longer sleep): an op that synchronises shows up as void every time.
 
 Rows: op, n, us (median), us_p10, us_p90, reps (core.tables.HOST_OPS says what n counts
-for each op). gdn_verify and gdn_prefill include the core's one gating launch. step_finish is timed with the GPU idle: it is the copy of the
-sampled tokens to the host plus the Python bookkeeping after the GPU is done.
+for each op). gdn_verify and gdn_prefill include the core's one gating launch.
+step_finish is timed with the GPU idle: waiting on the step's tokens (already copied to
+pinned memory) plus the Python bookkeeping after the GPU is done.
 """
 from __future__ import annotations
 

@@ -77,7 +77,8 @@ def summarize(rows: Sequence[dict]) -> dict:
         out["runs"][run] = {"n": len(rr), "sum_measured_s": round(m * 1e-6, 6), "sum_predicted_s": round(p * 1e-6, 6),
                             "sum_error_pct": round(100 * (p - m) / m, 3) if m else None,
                             "kinds": {k: sum(1 for r in rr if r["kind"] == k) for k in SUMMARY_KINDS[:-1]}}
-    out["units"] = "median_ape, p90_ape, bias and sum_error_pct in percent; bias = mean of (predicted - measured) / measured"
+    out["units"] = ("median_ape, p90_ape, bias and sum_error_pct in percent; "
+                    "bias = mean of (predicted - measured) / measured")
     return out
 
 
