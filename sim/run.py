@@ -23,7 +23,7 @@ from core.config import (ConfigError, HardwareConfig, RunConfig, hardware_names,
                          model_names, policy_names, read_yaml, validate)
 from policies import DraftTree, make_policy
 from sim.acceptance import AcceptanceModel
-from sim.budget import block_layout, memory_budget
+from sim.budget import block_layout, memory_budget, served_model
 from sim.engine import EngineResult, run_engine
 from sim.latency_factory import make_latency_model
 from sim.metrics import EVENT_COLUMNS, STEP_COLUMNS, request_rows, summarize
@@ -53,7 +53,7 @@ def _arrivals(cfg: RunConfig, workload: Workload) -> tuple[np.ndarray | None, st
 
 def simulate(cfg: RunConfig, out_dir: Path | None = None) -> dict[str, Any]:
     """Run one configuration; return the summary (and write the result files to out_dir)."""
-    model = load_model(cfg.model)
+    model = served_model(load_model(cfg.model, cfg.model_overrides), cfg.engine)
     hw = load_hardware(cfg.hardware)
     policy = make_policy(model, load_policy(cfg.policy, cfg.policy_overrides))
     if policy.tree.depth > model.mtp_depth:
@@ -61,7 +61,7 @@ def simulate(cfg: RunConfig, out_dir: Path | None = None) -> dict[str, Any]:
                           f"{policy.tree.depth}, but {model.name} drafts only mtp_depth = {model.mtp_depth} tokens")
     eng = cfg.engine
     budget = memory_budget(model, hw, eng)
-    layout = block_layout(model, policy, budget.pool_bytes)
+    layout = block_layout(model, policy, budget.pool_bytes, eng)
     pool = make_pool(eng.allocator, model, policy, layout, budget.pool_bytes)
     workload = load_workload(cfg.workload, cfg.num_requests, cfg.seed, cfg.workload_overrides)
     acceptance = AcceptanceModel(policy.tree.widths, cfg.seed, workload.acceptance,
