@@ -125,7 +125,8 @@ def test_deferred_real_shapes(dtype, tol):
             truth = x["state"].to(dtype).double()
         o_ref, states = R.recurrence(**{**x, "state": truth})
         o, ctx = RD.verify(**{**x, "state": ds})
-        assert rel_err(o, o_ref) < tol, step
+        # o is stored in the inputs' dtype (bf16): its rounding bounds the error whatever the state's dtype.
+        assert rel_err(o, o_ref) < max(tol, 4e-3), step
         accepted = torch.tensor(acc, dtype=torch.int32, device="cuda")
         RD.commit(ctx, accepted)
         truth = states[torch.arange(3), accepted.long()].to(dtype).double()

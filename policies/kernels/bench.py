@@ -510,7 +510,7 @@ def environment(args: argparse.Namespace) -> dict:
                 torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda,
                 python=platform.python_version(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                 git_commit=args.git_commit, command=" ".join([os.path.basename(sys.executable)] + sys.argv),
-                dot_precision=os.environ.get("GDN_DOT_PRECISION", "tf32x3"))
+                tuning=dataclasses.asdict(treewy.TUNING))
 
 
 def summary(out: Path, stem: str) -> str:

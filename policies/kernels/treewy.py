@@ -36,7 +36,6 @@ BC = 16  # positions per block: the smallest tl.dot tile
 MAX_POSITIONS = 128  # the ancestor mask is one [BT, BT] tile per tree
 ROWS_UNROLL_MAX = 16  # `_rows_kernel` unrolls its rows for trees of at most this many positions
 # tf32x3 keeps float32 accuracy (~1e-7 relative) on the tensor cores; plain tf32 does not.
-DOT_PRECISION = os.environ.get("GDN_DOT_PRECISION", "tf32x3")
 VERIFY_KINDS = ("fused", "blocked", "rows")
 PRECISIONS = ("tf32x3", "bf16x3", "ieee")
 _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
@@ -70,9 +69,10 @@ class Tuning:
     commit_warps: int = 4
     commit_stages: int = 1
     pending: str = "dot"
-    pack: bool = False
-    prep: bool = False
-    prec: str = DOT_PRECISION
+    # Defaults: the fastest tuning of H200 round 1 (results/calibration/h200/kernels_variants.csv).
+    pack: bool = True
+    prep: bool = True
+    prec: str = "bf16x3"
 
     def __post_init__(self) -> None:
         if self.verify not in VERIFY_KINDS:
