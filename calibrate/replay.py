@@ -41,6 +41,7 @@ BASE_COLUMNS = ("run", "step", "kind", "mode", "tokens", "padded_tokens", "reque
                 "measured_p90_us", "reps", "predicted_us",
                 "old_predicted_us")
 HOST_RESERVE_S = 60.0  # seconds of the time budget kept for the host-cost measurement
+VARLEN_MIN_S = 60.0  # the gdn_prefill_varlen table runs only with this much of the budget left
 CHECK_TOLERANCE = 2e-2  # relative L2 between modes: bf16 rounding differs with the padded GEMM shapes
 
 
@@ -111,6 +112,26 @@ def sample(n_steps: int, quota: int | None) -> list[int]:
     if quota <= 1:
         return [0][:quota]
     return sorted({round(i * (n_steps - 1) / (quota - 1)) for i in range(quota)})
+
+
+def spread_order(n: int) -> list[int]:
+    """0..n-1 in van der Corput order: every prefix is spread over the whole run, so a replay
+    cut short by its time budget still samples the run's start, middle and end."""
+    order: list[int] = []
+    seen: set[int] = set()
+    k = 0
+    while len(order) < n:
+        x, f, j = 0.0, 0.5, k
+        while j:
+            x += f * (j & 1)
+            j >>= 1
+            f /= 2
+        i = int(x * n)
+        if i not in seen:
+            seen.add(i)
+            order.append(i)
+        k += 1
+    return order
 
 
 def flushes(step: object) -> bool:
@@ -406,7 +427,9 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                     except Exception as e:
                         errors_.append(f"host: {type(e).__name__}: {e}")
                         log(f"host FAILED: {traceback.format_exc()}")
-                    if "gdn" in kinds and ex.chunk_fn is not None and not smoke:
+                    spent = time.perf_counter() - t0
+                    if "gdn" in kinds and ex.chunk_fn is not None and not smoke and \
+                            (time_budget_s is None or time_budget_s - spent > VARLEN_MIN_S):
                         try:
                             varlen_rows = gdn_prefill_varlen_table(ex, hw, log)
                         except Exception as e:
@@ -452,6 +475,7 @@ def replay_run(ex: object, run: Run, reps: int, warmup: int, end: float | None, 
                  for j, (_, reqs) in enumerate(synthetic_steps(ex.positions, ex.depth, ex.sizes))]
     old = old_pricer(run, gpu, log) if run.steps else None
     tr = time.perf_counter()
+    steps = [steps[i] for i in spread_order(len(steps))]
     for j, (step, flush) in enumerate(steps):
         if end is not None and time.perf_counter() > end:
             errors_.append(f"{run.name}: stopped after {j} of {len(steps)} steps, time budget")
@@ -482,7 +506,7 @@ def replay_run(ex: object, run: Run, reps: int, warmup: int, end: float | None, 
             log(f"  {run.name} {j + 1}/{len(steps)} step {step.step} {row['kind']}/{o.mode} "
                 f"{row['tokens']} tok: {row['measured_us']:.0f} us (pred {step.predicted_us:.0f}); "
                 f"{len(ex.graphs) if ex.graphs else 0} graphs, {time.perf_counter() - tr:.0f} s")
-        if j % 100 == 99:
+        if j % 10 == 9:  # a replay killed past its limit keeps what it measured
             on_progress()
 
 

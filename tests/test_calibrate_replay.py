@@ -36,6 +36,14 @@ def test_sample_spreads_over_the_run():
     assert RP.sample(3, 10) == [0, 1, 2]
 
 
+def test_spread_order_covers_the_run_from_any_prefix():
+    for n in (1, 2, 7, 100):
+        order = RP.spread_order(n)
+        assert sorted(order) == list(range(n))
+    first = RP.spread_order(100)[:4]
+    assert first == [0, 50, 25, 75]  # a budget cut after 4 steps still saw each quarter
+
+
 def test_replay_policy_flushes_when_most_speculating_requests_do():
     def step(*flags):
         return TracedStep(0, 0.0, "uniform_decode", tuple(R(i, 0, 9, CHAIN, 2, 0, f) for i, f in enumerate(flags)),
