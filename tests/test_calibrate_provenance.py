@@ -46,7 +46,9 @@ def test_committed_tables_make_a_calibrated_model():
         pol = make_policy(m, load_policy("store_all"))
         lm = CalibratedLatencyModel.load(m, hw, pol, EngineConfig(), AnalyticLatencyModel(m, hw, pol, EngineConfig()))
         assert lm is not None
-        assert {k for k, v in lm.sources.by_term.items() if v != "calibrated"} <= {"allreduce", "gdn_verify", "gdn_commit"}
+        # The host side is measured (host.csv) only where a step-executor replay wrote it.
+        host = set() if (mdir / "host.csv").exists() else {"overhead"}
+        assert {k for k, v in lm.sources.by_term.items() if v != "calibrated"} <= {"allreduce", "gdn_verify", "gdn_commit"} | host
 
 
 @pytest.mark.parametrize("argv,needle", [
