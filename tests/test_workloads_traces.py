@@ -63,7 +63,7 @@ def test_spec_bench_bad_input(tmp_path):
     with pytest.raises(WorkloadError, match=r"line 2: expected a 'turns' list"):
         load_workload("spec-bench", 1, 0, {"path": str(f)})
     f.write_text('{"category": "qa", "turns": ["hi there"]}\n{not json\n')
-    with pytest.raises(WorkloadError, match=r"line 2: not valid JSON"):
+    with pytest.raises(WorkloadError, match=r"line 2, column \d+: not valid JSON"):
         load_workload("spec-bench", 1, 0, {"path": str(f)})
     f.write_text('{"category": "qa", "turns": ["hi there"]}\n')
     with pytest.raises(WorkloadError, match=r"unknown category codng; valid: qa"):
