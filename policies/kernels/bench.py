@@ -2,6 +2,7 @@
 
     python3 -m policies.kernels.bench --out results/calibration/h200 [--quick] [--git-commit SHA]
         [--policies reconstruct --reference-store-all --stem kernels_reconstruct]
+    python3 -m policies.kernels.bench --out results/calibration/h200 --merge RUN/kernels.csv --merge-run run3
 
 Writes kernels.csv (one row per model, policy, B, tree, mode) and
 kernels_provenance.json (GPU, versions, command, copy bandwidth, reconstruct's kernels
@@ -21,6 +22,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -544,6 +546,93 @@ def summary(out: Path, stem: str) -> str:
     return "\n".join(lines)
 
 
+# --merge: the rows of one case are identified by these columns (a table without `state_dtype`
+# predates the column: its bytes formula is float32 states, so its rows are float32).
+MERGE_KEY = ("model", "policy", "B", "T", "tree", "depth", "replayed_tokens", "flush", "mode", "state_dtype")
+
+
+def _driver(prov: dict) -> str:
+    parts = [p.strip() for p in str(prov.get("nvidia_smi", "")).split(",")]
+    return parts[1] if len(parts) > 1 else str(prov.get("driver", ""))
+
+
+def _part(run: str, prov: dict, rows: int) -> dict:
+    """One provenance part (calibrate.provenance's fields) for the rows of one device run."""
+    dt = prov.get("device_time_s")
+    if isinstance(dt, dict):  # e.g. {"this_call_command_wall_s": ..., "earlier_call_s": ...}: all device time
+        dt = round(sum(v for v in dt.values() if isinstance(v, (int, float))), 1) or None
+    if not isinstance(dt, (int, float)):
+        dt = prov.get("wall_s")
+    return {"run": run, "rows": rows, "gpu": prov.get("gpu", ""), "driver": _driver(prov),
+            "torch": prov.get("torch", ""), "triton": prov.get("triton", ""), "cuda": prov.get("cuda", ""),
+            "date": prov.get("date", ""), "git_commit": prov.get("git_commit", ""), "command": prov.get("command", ""),
+            "tuning": prov.get("tuning", prov.get("dot_precision", "")), "device_time_s": dt, "provenance": prov}
+
+
+def merge(out_csv: Path, new_csv: Path, run: str, base_run: str, notes: list[str] | None = None) -> dict[str, int]:
+    """Rows of new_csv (run `run`) replace the rows of out_csv with the same MERGE_KEY; out_csv's other
+    rows stay (in place, then the new keys in new_csv's order). A `run` column names each row's run
+    (out_csv rows without one: `base_run`). STEM_provenance.json beside each file: out's becomes
+    {"parts": [one per run, with that run's whole provenance], "merge": ...}. Returns rows per run."""
+    def read(path: Path) -> tuple[list[str], list[dict]]:
+        with path.open(newline="") as fh:
+            r = csv.DictReader(fh)
+            return list(r.fieldnames or []), list(r)
+
+    def prov_of(path: Path) -> dict:
+        p = path.with_name(f"{path.stem}_provenance.json")
+        return json.loads(p.read_text()) if p.exists() else {}
+
+    def key(r: dict) -> tuple:
+        return tuple(r.get(k) or ("float32" if k == "state_dtype" else "") for k in MERGE_KEY)
+
+    old_fields, old = read(out_csv)
+    new_fields, new = read(new_csv)
+    for r in old:
+        r["state_dtype"] = r.get("state_dtype") or "float32"
+        r["run"] = r.get("run") or base_run
+    for r in new:
+        r["state_dtype"] = r.get("state_dtype") or "float32"
+        r["run"] = run
+    fresh = {key(r): r for r in new}
+    if len(fresh) != len(new):
+        raise ValueError(f"{new_csv}: rows repeat a key ({', '.join(MERGE_KEY)})")
+    merged, used = [], set()
+    for r in old:
+        k = key(r)
+        if k in fresh:
+            if k not in used:
+                merged.append(fresh[k])
+                used.add(k)
+        else:
+            merged.append(r)
+    merged += [r for r in new if key(r) not in used]
+    fields = [f for f in FIELDS if f in old_fields or f in new_fields or f == "state_dtype"]
+    fields += [f for f in old_fields + new_fields if f not in fields and f != "run"] + ["run"]
+    counts: dict[str, int] = {}
+    for r in merged:
+        counts[r["run"]] = counts.get(r["run"], 0) + 1
+    old_prov, new_prov = prov_of(out_csv), prov_of(new_csv)
+    parts = [p for p in old_prov.get("parts", []) if p["run"] != run] if "parts" in old_prov \
+        else [_part(base_run, old_prov, 0)]
+    parts.append(_part(run, new_prov, 0))
+    for p in parts:
+        p["rows"] = counts.get(p["run"], 0)
+    merges = old_prov.get("merge", {}).get("history", []) if "parts" in old_prov else []
+    merges.append({"run": run, "from": str(new_csv), "replaced": len(used), "added": len(fresh) - len(used),
+                   "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "notes": list(notes or [])})
+    prov = {"parts": parts,
+            "merge": {"key": list(MERGE_KEY), "rule": "a later run's row replaces an earlier run's row of the "
+                      "same key; column `run` names each row's part", "command": shlex.join(["python3", "-m", "policies.kernels.bench"] + sys.argv[1:]),
+                      "history": merges}}
+    with out_csv.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        w.writerows(merged)
+    out_csv.with_name(f"{out_csv.stem}_provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
+    return counts
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m policies.kernels.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, type=Path, help="folder for kernels.csv and kernels_provenance.json")
@@ -570,7 +659,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stem", default="kernels", help="output names: STEM.csv and STEM_provenance.json")
     ap.add_argument("--kernel-ts", default="1,2,4,8,16,32,64,128",
                     help="chain lengths T of the kernel-by-kernel table (B = 64; empty: none)")
+    ap.add_argument("--merge", type=Path, default=None,
+                    help="no run: merge this kernels CSV (from another device run) into OUT/STEM.csv, its rows "
+                         "replacing those of the same case (MERGE_KEY); provenance parts per run")
+    ap.add_argument("--merge-run", default="", help="with --merge: the label of the merged run (column `run`)")
+    ap.add_argument("--merge-base-run", default="run1",
+                    help="with --merge: the label of OUT/STEM.csv's rows that have no `run` yet")
+    ap.add_argument("--merge-note", action="append", default=[], help="with --merge: a note kept in the provenance")
     args = ap.parse_args(argv)
+    if args.merge is not None:
+        if not args.merge_run:
+            ap.error("--merge needs --merge-run (the merged run's label)")
+        counts = merge(args.out / f"{args.stem}.csv", args.merge, args.merge_run, args.merge_base_run,
+                       args.merge_note)
+        print(f"merged {args.merge} into {args.out / args.stem}.csv: rows per run {counts}")
+        return 0
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     if any(p not in POLICIES for p in policies):
         ap.error(f"--policies takes a comma-separated subset of {','.join(POLICIES)}, got {args.policies!r}")
