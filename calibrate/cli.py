@@ -3,7 +3,8 @@
   measure   time the layer tables, memory and whole-step check on this machine's GPU
             (`make calibrate GPU_PY=python3`): one command recalibrates a GPU
   merge     copy a measurement directory (e.g. one fetched from the device machine)
-            into results/calibration/<gpu>/, appending its provenance
+            into results/calibration/<gpu>/, appending its provenance; a table's rows of
+            modes the new run did not measure (--modes graph) stay from the earlier run
   validate  held-out interpolation error and whole-step error of the latency model
   replay    execute the steps of simulator runs (steps.csv) with the whole model on this
             machine's GPU; measured vs predicted step times, and the host costs (host.csv)
@@ -132,13 +133,26 @@ def _merge(args: argparse.Namespace) -> int:
         target = root / d.name
         target.mkdir(parents=True, exist_ok=True)
         new = provenance.read(d / "provenance.json")
+        old = provenance.read(target / "provenance.json")
+        new_modes = {m for part in new.get("parts", []) for m in part.get("modes", [])}
+        kept: dict[str, list[str]] = {}
         for f in d.iterdir():
-            if f.suffix in (".csv",) or f.name in ("memory.json", "replay_summary.json", "replay_check.json"):
+            if f.suffix == ".csv" and new_modes and (target / f.name).exists():
+                modes = _merge_csv(f, target / f.name, new_modes)
+                if modes:
+                    kept[f.name] = modes
+            elif f.suffix in (".csv",) or f.name in ("memory.json", "replay_summary.json", "replay_check.json"):
                 shutil.copy2(f, target / f.name)
         for part in new.get("parts", []):
             if args.device_time_s:  # the whole device call's time (machine start included), shared by its models
                 part["device_time_s"] = args.device_time_s
-        old = provenance.read(target / "provenance.json")
+            if kept:  # rows of modes this run did not measure stay, from the earlier parts
+                part["kept_rows_from_earlier_parts"] = kept
+        for part in old.get("parts", []):
+            for name, modes in kept.items():
+                if name.removesuffix(".csv") in part.get("jobs", {}):
+                    rows = part.setdefault("rows_in_tables", {}).get(name, part.get("modes", []))
+                    part["rows_in_tables"][name] = [m for m in rows if m in modes]
         provenance.write(target / "provenance.json",
                          {"model": d.name, "parts": old.get("parts", []) + new.get("parts", [])})
         print(f"merged {d.name}: {', '.join(sorted(f.name for f in d.iterdir()))}")
@@ -151,6 +165,30 @@ def _merge(args: argparse.Namespace) -> int:
     summary["gpu"] = args.gpu
     provenance.write(root / "provenance.json", summary)
     return 0
+
+
+def _merge_csv(src: Path, dst: Path, new_modes: set[str]) -> list[str]:
+    """Write src's rows to dst, keeping dst's rows of modes src's run did not measure (e.g. the
+    eager rows when only graph mode was re-measured); returns the kept modes. Columns are the
+    union (a column only one side has is empty on the other side's rows)."""
+    import csv
+
+    with src.open(newline="") as f:
+        r = csv.DictReader(f)
+        cols, rows = list(r.fieldnames or []), list(r)
+    with dst.open(newline="") as f:
+        r = csv.DictReader(f)
+        old_cols, old_rows = list(r.fieldnames or []), list(r)
+    if "mode" not in cols or "mode" not in old_cols:
+        shutil.copy2(src, dst)
+        return []
+    keep = [row for row in old_rows if row["mode"] not in new_modes]
+    cols += [c for c in old_cols if c not in cols]
+    with dst.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, restval="")
+        w.writeheader()
+        w.writerows(rows + keep)
+    return sorted({row["mode"] for row in keep})
 
 
 def _validate(args: argparse.Namespace) -> int:

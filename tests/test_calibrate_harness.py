@@ -95,6 +95,8 @@ def test_every_table_written_with_schema(measured):
     assert rc == 0, "\n".join(log)
     for name, spec in TABLES.items():
         path = mdir / f"{name}.csv"
+        if not spec.required and not path.exists():
+            continue  # optional tables (gdn_prefill*, gdn_prefill_varlen) need fla or have no measure job here
         rows = list(csv.DictReader(path.open()))
         assert tuple(rows[0])[:len(COLUMNS)] == COLUMNS  # TABLE_JOBS add host_us
         assert all(float(r["us"]) > 0 and r["mode"] == "eager" for r in rows)

@@ -4,13 +4,17 @@ from pathlib import Path
 
 import pytest
 
-from core.config import REPO_ROOT, EngineConfig, load_hardware, load_model, load_policy
+from core.config import REPO_ROOT, EngineConfig, load_hardware, load_model, load_policy, model_names
 from core.tables import TABLES, read_rows
 from calibrate.provenance import missing_fields
 from sim.cli import main as cli
 
 CALIB = REPO_ROOT / "results" / "calibration"
-MODEL_DIRS = sorted(d for d in CALIB.glob("*/*") if d.is_dir())
+# Folders of layer tables; a folder may instead hold only profile_peak.json (the memory budget's
+# measured profile-run peak, e.g. a model whose tables were never measured), checked below.
+# layer_kernels/ (calibrate.kernels.bench outputs) is not a model folder: its provenance.json is flat.
+MODEL_DIRS = sorted(d for d in CALIB.glob("*/*") if d.is_dir() and d.name in model_names() and any(d.glob("*.csv")))
+PEAK_FILES = sorted(CALIB.glob("*/*/profile_peak.json"))
 
 
 @pytest.mark.parametrize("mdir", MODEL_DIRS, ids=lambda d: f"{d.parent.name}/{d.name}")
@@ -32,7 +36,18 @@ def test_committed_tables_have_provenance(mdir: Path):
 def test_gpu_summary_provenance():
     for gpu in {d.parent for d in MODEL_DIRS}:
         summary = json.loads((gpu / "provenance.json").read_text())
-        assert summary["device_time_s"] > 0 and set(summary["models"]) >= {d.name for d in gpu.iterdir() if d.is_dir()}
+        assert summary["device_time_s"] > 0 and set(summary["models"]) >= {d.name for d in MODEL_DIRS if d.parent == gpu}
+
+
+@pytest.mark.parametrize("path", PEAK_FILES, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}")
+def test_committed_profile_peaks_have_provenance(path: Path):
+    data = json.loads(path.read_text())
+    assert data["model"] == path.parent.name
+    prov = data["provenance"]
+    for key in ("gpu", "driver", "torch", "triton", "date", "git_commit", "command"):
+        assert prov.get(key), f"{path}: provenance lacks {key}"
+    assert data["device_call"]["job_wall_s"] > 0 and data["device_call"]["device_call_wall_s"] > 0
+    assert data["points"] and all(p["status"] == "ok" for p in data["points"])
 
 
 @pytest.mark.skipif(not MODEL_DIRS, reason="no committed calibration tables")

@@ -113,10 +113,15 @@ def test_sampler_estimate_reproduces_the_other_anchor():
 
 def test_profile_peak_is_the_larger_phase_and_a_measurement_wins(tmp_path):
     m, hw = load_model("qwen3.5-35b-a3b"), load_hardware("h200")
-    b = memory_budget(m, hw, EngineConfig(gmu=0.9))
+    # Without a profile_peak.json (an empty calibration folder) the peak is the estimate.
+    b = memory_budget(m, hw.model_copy(update={"calibration_dir": str(tmp_path)}), EngineConfig(gmu=0.9))
     assert b.activation_bytes == max(b.forward_peak_bytes, b.sampler_peak_bytes)
     assert b.activation_source.startswith("estimate")
     assert b.pool_bytes == b.requested_bytes - b.weight_bytes - b.activation_bytes - b.non_torch_bytes - b.cudagraph_bytes
+    # The committed results/calibration/h200/qwen3.5-35b-a3b/profile_peak.json (H200, 2026-12-01) wins:
+    # its 8192-token / 1024-seq / speculative point's profile_peak_bytes (the sampler's sort).
+    committed = memory_budget(m, hw, EngineConfig(gmu=0.9))
+    assert (committed.activation_bytes, committed.activation_source) == (9_663_701_504, "measured")
     mdir = tmp_path / m.name
     mdir.mkdir()
     point = {"status": "ok", "max_num_batched_tokens": 8192, "max_num_seqs": 1024, "speculative": True,
