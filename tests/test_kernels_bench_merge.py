@@ -40,3 +40,53 @@ def test_merge_replaces_same_key_keeps_the_rest(tmp_path):
     assert [(p["run"], p["rows"], p["git_commit"], p["driver"]) for p in prov["parts"]] == \
         [("run1", 1, "a", "580.1"), ("run3", 2, "b", "580.1")]
     assert prov["merge"]["history"][0]["replaced"] == 1 and prov["merge"]["history"][0]["added"] == 1
+
+
+VCOLS = ["variant", "tuning", "check", "policy", "model", "B", "T", "tree", "verify_us", "commit_us", "total_us",
+         "bytes", "pct_of_copy_bw", "state_dtype"]
+
+
+def vrow(variant, policy, B, T, tree, us):
+    c = bench.Case("qwen3.5-35b-a3b", 16, 32, B, tree, tuple(bench.chain(T)) if tree == "chain"
+                   else tuple(bench.full(tuple(int(w) for w in tree.split(",")))))
+    vb, cb = bench.policy_bytes(c, policy, 0, True)
+    return {"variant": variant, "tuning": f"t-{variant}", "check": 1e-4, "policy": policy, "model": c.model, "B": B,
+            "T": T, "tree": tree, "verify_us": us, "commit_us": 2.0, "total_us": us + 2.0, "bytes": vb + cb,
+            "pct_of_copy_bw": 40.0, "state_dtype": "float32"}
+
+
+def test_merge_variants_converts_one_tuning_and_keeps_protected_runs(tmp_path):
+    m = "qwen3.5-35b-a3b"
+    old = [dict(row("reconstruct", 128, 861.0), model=m, run="run1", state_dtype="float32"),
+           dict(row("reconstruct", 1, 7.1), model=m, run="run3", state_dtype="float32"),
+           dict(row("reconstruct", 128, 900.0), model=m, mode="eager", run="run1", state_dtype="float32")]
+    write(tmp_path / "kernels.csv", old, COLS + ["state_dtype", "run"],
+          {"parts": [{"run": "run1", "rows": 2}, {"run": "run3", "rows": 1}], "merge": {"history": []}})
+    (tmp_path / "v").mkdir()
+    vfile = tmp_path / "v" / "kernels_variants.csv"
+    write(vfile, [vrow("pp", "reconstruct", 128, 4, "1,1,1", 231.9), vrow("default", "reconstruct", 128, 4, "1,1,1", 714.5),
+                  vrow("pp", "reconstruct_deferred", 64, 16, "chain", 310.7)], VCOLS,
+          {"parts": [{"run": "round1", "device_time_s": 374}],
+           "source_provenance": {"gpu": "G", "nvidia_smi": "G, 580.1, 1 MiB", "git_commit": "a0853f5", "command": "cv",
+                                 "dot_precision": "tf32x3"}})
+    args = ["--out", str(tmp_path), "--merge-variants", str(vfile), "--variant", "pp", "--merge-run", "round1-pp"]
+    assert bench.main(args + ["--merge-keep-run", "run1"]) == 2  # would replace a run1 row: refused, nothing written
+    assert len(list(csv.DictReader((tmp_path / "kernels.csv").open()))) == 3
+    assert bench.main(args + ["--merge-keep-run", "run3"]) == 0
+    rows = list(csv.DictReader((tmp_path / "kernels.csv").open()))
+    got = {(r["policy"], r["B"], r["T"], r["mode"]): r for r in rows}
+    assert {k: r["run"] for k, r in got.items()} == {
+        ("reconstruct", "128", "4", "graph"): "round1-pp", ("reconstruct", "1", "4", "graph"): "run3",
+        ("reconstruct", "128", "4", "eager"): "run1", ("reconstruct_deferred", "64", "16", "graph"): "round1-pp"}
+    pp = got[("reconstruct", "128", "4", "graph")]
+    assert (pp["verify_us"], pp["depth"], pp["flush"], pp["replayed_tokens"], pp["pct_of_copy_bw"]) == \
+        ("231.9", "3", "1", "0", "40.0")
+    assert int(pp["verify_bytes"]) + int(pp["commit_bytes"]) == int(pp["bytes"])
+    assert pp["extra_mem_bytes"] == "" and pp["copies"] == ""  # not in the variants file: not invented
+    assert got[("reconstruct_deferred", "64", "16", "graph")]["depth"] == "15"
+    prov = json.loads((tmp_path / "kernels_provenance.json").read_text())
+    part = prov["parts"][-1]
+    assert (part["run"], part["rows"], part["git_commit"], part["tuning"], part["variant"], part["source_file"]) == \
+        ("round1-pp", 2, "a0853f5", "t-pp", "pp", str(vfile))
+    assert "--merge-variants" in part["conversion_command"]
+    assert prov["merge"]["history"][-1]["replaced"] == 1 and prov["merge"]["history"][-1]["added"] == 1

@@ -3,6 +3,8 @@
     python3 -m policies.kernels.bench --out results/calibration/h200 [--quick] [--git-commit SHA]
         [--policies reconstruct --reference-store-all --stem kernels_reconstruct]
     python3 -m policies.kernels.bench --out results/calibration/h200 --merge RUN/kernels.csv --merge-run run3
+    python3 -m policies.kernels.bench --out results/calibration/h200 --merge-variants FILE --variant pp \
+        --merge-run round1-pp --merge-keep-run run3
 
 Writes kernels.csv (one row per model, policy, B, tree, mode) and
 kernels_provenance.json (GPU, versions, command, copy bandwidth, reconstruct's kernels
@@ -569,11 +571,53 @@ def _part(run: str, prov: dict, rows: int) -> dict:
             "tuning": prov.get("tuning", prov.get("dot_precision", "")), "device_time_s": dt, "provenance": prov}
 
 
-def merge(out_csv: Path, new_csv: Path, run: str, base_run: str, notes: list[str] | None = None) -> dict[str, int]:
+def variant_rows(path: Path, variant: str) -> tuple[list[dict], dict]:
+    """One tuning's rows of a `--variants` file (variants.csv, from run_variants) as rows of the kernels
+    table, and the provenance of the run that wrote it. run_variants times each case with run_policy
+    in graph mode (the table's graph timing), no replayed tokens, commit with a flush; its own columns
+    give the times, bytes and pct_of_copy_bw; depth follows from the tree, gbs from bytes and total_us,
+    the verify/commit split of bytes from policy_bytes (kept only where it sums to the file's bytes).
+    Not in the file, so left empty: extra_mem_bytes, copies."""
+    with path.open(newline="") as fh:
+        src = [r for r in csv.DictReader(fh) if r["variant"] == variant]
+    if not src:
+        raise ValueError(f"{path}: no rows of variant {variant!r}")
+    rows = []
+    for r in src:
+        T = int(r["T"])
+        parents = tuple(chain(T)) if r["tree"] == "chain" else tuple(full(tuple(int(w) for w in r["tree"].split(","))))
+        if len(parents) != T:
+            raise ValueError(f"{path}: tree {r['tree']} has {len(parents)} positions, row says T = {T}")
+        hk, hv = MODELS.get(r["model"], (0, 0))
+        c = Case(r["model"], hk, hv, int(r["B"]), r["tree"], parents, r.get("state_dtype") or "float32")
+        vb, cb = policy_bytes(c, r["policy"], 0, True) if hk else (None, None)
+        split = vb is not None and vb + cb == int(r["bytes"])
+        total = float(r["total_us"])
+        rows.append(dict(model=r["model"], policy=r["policy"], B=r["B"], T=r["T"], tree=r["tree"], depth=c.depth,
+                         replayed_tokens=0, flush=1, mode="graph", verify_us=r["verify_us"],
+                         commit_us=r["commit_us"], total_us=r["total_us"], verify_bytes=vb if split else "",
+                         commit_bytes=cb if split else "", bytes=r["bytes"],
+                         gbs=round(int(r["bytes"]) / total / 1e3, 1), pct_of_copy_bw=r["pct_of_copy_bw"],
+                         extra_mem_bytes="", copies="", state_dtype=c.state_dtype))
+        rows[-1] = {k: str(v) for k, v in rows[-1].items()}  # as read from a CSV: merge keys compare strings
+    p = path.with_name(f"{path.stem}_provenance.json")
+    vprov = json.loads(p.read_text()) if p.exists() else {}
+    prov = dict(vprov.get("source_provenance", vprov))
+    part = next(iter(vprov.get("parts", [])), {})
+    prov.update(device_time_s=part.get("device_time_s", prov.get("device_time_s")), tuning=src[0]["tuning"],
+                variant=variant, source_part=part)
+    return rows, prov
+
+
+def merge(out_csv: Path, new_csv: Path, run: str, base_run: str, notes: list[str] | None = None,
+          new: tuple[list[dict], dict] | None = None, keep_runs: tuple[str, ...] = (),
+          command: str = "", part_extra: dict | None = None) -> dict[str, int]:
     """Rows of new_csv (run `run`) replace the rows of out_csv with the same MERGE_KEY; out_csv's other
     rows stay (in place, then the new keys in new_csv's order). A `run` column names each row's run
     (out_csv rows without one: `base_run`). STEM_provenance.json beside each file: out's becomes
-    {"parts": [one per run, with that run's whole provenance], "merge": ...}. Returns rows per run."""
+    {"parts": [one per run, with that run's whole provenance], "merge": ...}. Returns rows per run.
+    `new`: (rows, provenance) to merge instead of reading new_csv (e.g. variant_rows); `keep_runs`: runs whose
+    rows must not be replaced (ValueError); `part_extra`: fields added to the new run's part."""
     def read(path: Path) -> tuple[list[str], list[dict]]:
         with path.open(newline="") as fh:
             r = csv.DictReader(fh)
@@ -587,7 +631,13 @@ def merge(out_csv: Path, new_csv: Path, run: str, base_run: str, notes: list[str
         return tuple(r.get(k) or ("float32" if k == "state_dtype" else "") for k in MERGE_KEY)
 
     old_fields, old = read(out_csv)
-    new_fields, new = read(new_csv)
+    if new is None:
+        new_fields, new_rows = read(new_csv)
+        new_prov = prov_of(new_csv)
+    else:
+        new_rows, new_prov = new
+        new_fields = list(FIELDS)
+    new = new_rows
     for r in old:
         r["state_dtype"] = r.get("state_dtype") or "float32"
         r["run"] = r.get("run") or base_run
@@ -597,6 +647,9 @@ def merge(out_csv: Path, new_csv: Path, run: str, base_run: str, notes: list[str
     fresh = {key(r): r for r in new}
     if len(fresh) != len(new):
         raise ValueError(f"{new_csv}: rows repeat a key ({', '.join(MERGE_KEY)})")
+    kept = sorted({r["run"] for r in old if r["run"] in keep_runs and key(r) in fresh})
+    if kept:
+        raise ValueError(f"{new_csv}: would replace rows of run(s) {', '.join(kept)} (kept)")
     merged, used = [], set()
     for r in old:
         k = key(r)
@@ -612,10 +665,10 @@ def merge(out_csv: Path, new_csv: Path, run: str, base_run: str, notes: list[str
     counts: dict[str, int] = {}
     for r in merged:
         counts[r["run"]] = counts.get(r["run"], 0) + 1
-    old_prov, new_prov = prov_of(out_csv), prov_of(new_csv)
+    old_prov = prov_of(out_csv)
     parts = [p for p in old_prov.get("parts", []) if p["run"] != run] if "parts" in old_prov \
         else [_part(base_run, old_prov, 0)]
-    parts.append(_part(run, new_prov, 0))
+    parts.append({**_part(run, new_prov, 0), **(part_extra or {})})
     for p in parts:
         p["rows"] = counts.get(p["run"], 0)
     merges = old_prov.get("merge", {}).get("history", []) if "parts" in old_prov else []
@@ -623,7 +676,7 @@ def merge(out_csv: Path, new_csv: Path, run: str, base_run: str, notes: list[str
                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "notes": list(notes or [])})
     prov = {"parts": parts,
             "merge": {"key": list(MERGE_KEY), "rule": "a later run's row replaces an earlier run's row of the "
-                      "same key; column `run` names each row's part", "command": shlex.join(["python3", "-m", "policies.kernels.bench"] + sys.argv[1:]),
+                      "same key; column `run` names each row's part", "command": command or shlex.join(["python3", "-m", "policies.kernels.bench"] + sys.argv[1:]),
                       "history": merges}}
     with out_csv.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields)
@@ -666,13 +719,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--merge-base-run", default="run1",
                     help="with --merge: the label of OUT/STEM.csv's rows that have no `run` yet")
     ap.add_argument("--merge-note", action="append", default=[], help="with --merge: a note kept in the provenance")
+    ap.add_argument("--merge-variants", type=Path, default=None,
+                    help="no run: merge one tuning (--variant) of this --variants file (variants.csv, graph timings) "
+                         "into OUT/STEM.csv as a run of its own (--merge-run), like --merge")
+    ap.add_argument("--variant", default="", help="with --merge-variants: the tuning (column `variant`) to merge")
+    ap.add_argument("--merge-keep-run", action="append", default=[],
+                    help="with --merge/--merge-variants: fail rather than replace any row of this run")
     args = ap.parse_args(argv)
-    if args.merge is not None:
+    if args.merge is not None or args.merge_variants is not None:
         if not args.merge_run:
-            ap.error("--merge needs --merge-run (the merged run's label)")
-        counts = merge(args.out / f"{args.stem}.csv", args.merge, args.merge_run, args.merge_base_run,
-                       args.merge_note)
-        print(f"merged {args.merge} into {args.out / args.stem}.csv: rows per run {counts}")
+            ap.error("--merge/--merge-variants need --merge-run (the merged run's label)")
+        if args.merge is not None and args.merge_variants is not None:
+            ap.error("--merge and --merge-variants exclude each other")
+        command = shlex.join(["python3", "-m", "policies.kernels.bench"] + list(sys.argv[1:] if argv is None else argv))
+        src, new, extra = args.merge, None, None
+        if args.merge_variants is not None:
+            if not args.variant:
+                ap.error("--merge-variants needs --variant")
+            src = args.merge_variants
+            new = variant_rows(src, args.variant)
+            extra = {"source_file": str(src), "variant": args.variant, "conversion_command": command}
+        try:
+            counts = merge(args.out / f"{args.stem}.csv", src, args.merge_run, args.merge_base_run,
+                           args.merge_note, new=new, keep_runs=tuple(args.merge_keep_run), command=command,
+                           part_extra=extra)
+        except ValueError as exc:
+            print(f"bench --merge: {exc}", file=sys.stderr)
+            return 2
+        print(f"merged {src} into {args.out / args.stem}.csv: rows per run {counts}")
         return 0
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     if any(p not in POLICIES for p in policies):
