@@ -175,7 +175,8 @@ def fig_breakdown(df: pd.DataFrame, manifest: dict[str, Any], fig_dir: Path) -> 
             lo, hi = ax.get_ylim()
             ax.set_ylim(lo / (hi / lo) ** 0.3, hi * (hi / lo) ** 0.05)  # room for the labels under the bars
             _ratio_ticks(ax)
-            ax.set_xticks(range(len(policies)), policies)
+            # reconstruct_deferred is wider than its slot: wrap long names at their first underscore
+            ax.set_xticks(range(len(policies)), [p.replace("_", "\n", 1) if len(p) > 12 else p for p in policies])
             ax.set_ylabel(f"{label} / {BASELINE}")
             ax.set_title(f"{_short_model(model)}: {label}\n({better} is better)", fontsize=9)
     handles = [Patch(color=CLASS_COLORS[c], alpha=0.55, label=CLASS_LABELS[c]) for c in CLASS_COLORS]
