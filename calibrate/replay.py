@@ -6,7 +6,12 @@ sees it. Synchronous: wall time from the start of host prep to the sampled token
 the host, median of `--reps` runs after a warm-up run (which captures any graph it
 needs). Async scheduling (the run's engine.async_scheduling, vLLM's default with MTP):
 the steady state of the same step repeated, step N+1 prepared and launched while the
-GPU runs step N. `measured_us` is the one the run was simulated with; both are kept.
+GPU runs step N (the period between steps' tokens on the host, every step waited for).
+`measured_us` is the one the run was simulated with; both are kept. replay_summary.json
+compares the predictions against `measured_sync_us` (MEASURED; it says so under
+`compared_against`): round 3's async timing (commit 045256b) missed the GPU time.
+`--time-budget-s` is hard: checked before every timed run inside a step, outputs rewritten
+every few seconds, and SIGALRM shortly past it interrupts whatever runs (calibrate/REPLAY.md).
 Before timing, a correctness check runs a mixed and a uniform-decode batch eagerly,
 piecewise and as a full graph from the same GDN state (activations poisoned with NaN
 first) and compares the outputs; then the host costs of each op are measured
@@ -41,15 +46,29 @@ BASE_COLUMNS = ("run", "step", "kind", "mode", "tokens", "padded_tokens", "reque
                 "measured_p90_us", "reps", "predicted_us",
                 "old_predicted_us")
 HOST_RESERVE_S = 60.0  # seconds of the time budget kept for the host-cost measurement
+PROGRESS_S = 5.0  # replay_steps.csv and the summary are rewritten at least this often
+ALARM_GRACE_S = 15.0  # past the budget by this much, SIGALRM interrupts whatever runs (graph capture included)
 VARLEN_MIN_S = 60.0  # the gdn_prefill_varlen table runs only with this much of the budget left
 CHECK_TOLERANCE = 2e-2  # relative L2 between modes: bf16 rounding differs with the padded GEMM shapes
+# The summary compares every step against its synchronous time: the async-scheduling timing of
+# replays before the fix in time_step_async (round 3, commit 045256b) did not wait for the GPU
+# (about 3 ms for every full-graph step), so it is kept in the CSV but compared against nothing.
+MEASURED = "measured_sync_us"
+MEASURED_NOTE = {
+    "measured_sync_us": "synchronous step: host prep to sampled tokens on the host, median of --reps after warm-up; "
+                        "measured_async_us is not used (invalid before the time_step_async fix: it missed the "
+                        "GPU time of full-graph steps)",
+    "measured_async_us": "async-scheduling steady state: period between consecutive steps' tokens on the host",
+}
+ASYNC_MIN_STEPS = 4  # pipelined steps per async timing, whatever --reps: the period needs 3 intervals
 
 
 # ------------------------------------------------------------------ summaries (pure Python)
-def errors(rows: Sequence[dict], pred: str = "predicted_us") -> dict:
-    """n, median and p90 absolute percentage error, and bias (mean signed % error) of `pred` vs measured."""
-    rel = [(r[pred] - r["measured_us"]) / r["measured_us"] for r in rows
-           if _num(r.get(pred)) and _num(r.get("measured_us")) and r["measured_us"] > 0]
+def errors(rows: Sequence[dict], pred: str = "predicted_us", measured: str | None = None) -> dict:
+    """n, median and p90 absolute percentage error, and bias (mean signed % error) of `pred` vs
+    `measured` (default MEASURED: the synchronous step time)."""
+    m = measured or MEASURED
+    rel = [(r[pred] - r[m]) / r[m] for r in rows if _num(r.get(pred)) and _num(r.get(m)) and r[m] > 0]
     if not rel:
         return {"n": 0, "median_ape": None, "p90_ape": None, "bias": None}
     ape = sorted(abs(x) for x in rel)
@@ -62,24 +81,28 @@ def _num(v: object) -> bool:
     return isinstance(v, (int, float)) and not math.isnan(v)
 
 
-def summarize(rows: Sequence[dict]) -> dict:
-    """replay_summary.json: errors per step kind (in %), sums, the same for the old pricing, per run."""
+def summarize(rows: Sequence[dict], measured: str | None = None) -> dict:
+    """replay_summary.json: errors per step kind (in %), sums, the same for the old pricing, per run,
+    all against the `measured` column (default MEASURED), which the JSON names."""
+    m = measured or MEASURED
     by_kind = {k: [r for r in rows if k == "all" or r["kind"] == k] for k in SUMMARY_KINDS}
-    out: dict = {k: errors(v) for k, v in by_kind.items()}
-    out["sum_measured_s"] = round(sum(r["measured_us"] for r in rows) * 1e-6, 6)
+    out: dict = {"compared_against": m, "compared_against_note": MEASURED_NOTE.get(m, "")}
+    out.update({k: errors(v, measured=m) for k, v in by_kind.items()})
+    out["sum_measured_s"] = round(sum(r[m] for r in rows if _num(r.get(m))) * 1e-6, 6)
     out["sum_predicted_s"] = round(sum(r["predicted_us"] for r in rows if _num(r["predicted_us"])) * 1e-6, 6)
-    out["old_eager_sum"] = {k: errors(v, "old_predicted_us") for k, v in by_kind.items()}
+    out["old_eager_sum"] = {k: errors(v, "old_predicted_us", m) for k, v in by_kind.items()}
     out["old_eager_sum"]["sum_predicted_s"] = round(
         sum(r["old_predicted_us"] for r in rows if _num(r.get("old_predicted_us"))) * 1e-6, 6)
     out["runs"] = {}
     for run in sorted({r["run"] for r in rows}):
         rr = [r for r in rows if r["run"] == run]
-        m, p = sum(r["measured_us"] for r in rr), sum(r["predicted_us"] for r in rr if _num(r["predicted_us"]))
-        out["runs"][run] = {"n": len(rr), "sum_measured_s": round(m * 1e-6, 6), "sum_predicted_s": round(p * 1e-6, 6),
-                            "sum_error_pct": round(100 * (p - m) / m, 3) if m else None,
+        ms = sum(r[m] for r in rr if _num(r.get(m)))
+        p = sum(r["predicted_us"] for r in rr if _num(r["predicted_us"]))
+        out["runs"][run] = {"n": len(rr), "sum_measured_s": round(ms * 1e-6, 6), "sum_predicted_s": round(p * 1e-6, 6),
+                            "sum_error_pct": round(100 * (p - ms) / ms, 3) if ms else None,
                             "kinds": {k: sum(1 for r in rr if r["kind"] == k) for k in SUMMARY_KINDS[:-1]}}
     out["units"] = ("median_ape, p90_ape, bias and sum_error_pct in percent; "
-                    "bias = mean of (predicted - measured) / measured")
+                    f"bias = mean of (predicted - {m}) / {m}")
     return out
 
 
@@ -101,7 +124,7 @@ def read_replay_rows(path: Path) -> list[dict]:
     for r in rows:
         for k, v in r.items():
             if k not in ("run", "kind", "mode"):
-                r[k] = float(v) if v not in ("", None) else math.nan
+                r[k] = (int(v) if v.lstrip("-").isdigit() else float(v)) if v not in ("", None) else math.nan
     return rows
 
 
@@ -200,42 +223,69 @@ def reprice(rows: list[dict], runs: dict[str, Run], hw_name: str, log: Callable[
 
 
 # ------------------------------------------------------------------ GPU side
-def time_step(ex: object, reqs: Sequence, flush: bool, reps: int, warmup: int) -> tuple[list[float], object]:
-    """Wall times (us) of `reps` runs of one step, each from host prep to tokens on the host."""
+class BudgetSpent(Exception):
+    """The replay's time budget ran out inside a step (the step is dropped, outputs are kept)."""
+
+
+def check_deadline(end: float | None) -> None:
+    if end is not None and time.perf_counter() > end:
+        raise BudgetSpent("time budget spent inside a step")
+
+
+def time_step(ex: object, reqs: Sequence, flush: bool, reps: int, warmup: int,
+              end: float | None = None) -> tuple[list[float], object]:
+    """Wall times (us) of `reps` runs of one step, each from host prep to tokens on the host.
+    Checks the deadline `end` before every run (BudgetSpent)."""
     for _ in range(warmup):
+        check_deadline(end)
         out = ex.run(reqs, flush)
-    gc.collect()
+    ts = []
+    gc_was = gc.isenabled()
     gc.disable()  # a collection inside a timed step is noise vLLM does not have (it freezes its heap)
     try:
-        ts = []
         for _ in range(reps):
+            check_deadline(end)
             t0 = time.perf_counter()
             out = ex.run(reqs, flush)
             ts.append((time.perf_counter() - t0) * 1e6)
     finally:
-        gc.enable()
+        if gc_was:
+            gc.enable()
     return ts, out
 
 
-def time_step_async(ex: object, reqs: Sequence, flush: bool, reps: int) -> float:
+def time_step_async(ex: object, reqs: Sequence, flush: bool, reps: int, end: float | None = None) -> float:
     """Wall time (us) per step in vLLM's async scheduling steady state: the host prepares and
-    launches step N+1 while the GPU runs step N, then waits for step N's tokens."""
-    st = ex.prepare(reqs, flush)
-    ex.launch(st)
-    gc.collect()
+    launches step N+1 while the GPU runs step N, then waits for step N's tokens.
+
+    The period between consecutive steps' tokens reaching the host (`finish` returning), over
+    max(reps, ASYNC_MIN_STEPS) pipelined steps: max(host prep + launch, GPU time) in steady
+    state; every launched step is waited for. (The
+    version before this one timed one prepare/launch/finish after a gc.collect() during which the
+    previous step's GPU work had already finished, and never waited for the step it launched:
+    it measured the host launch alone, ~3 ms for every full-graph step.)"""
+    k = max(reps, ASYNC_MIN_STEPS, 2)  # at least one interval
+    gc_was = gc.isenabled()
     gc.disable()
     try:
-        t0 = time.perf_counter()
-        for _ in range(reps):
+        check_deadline(end)
+        st = ex.prepare(reqs, flush)
+        ex.launch(st)
+        done: list[float] = []
+        for _ in range(k):
+            check_deadline(end)
             nxt = ex.prepare(reqs, flush)
             ex.launch(nxt)
             ex.finish(st)
+            done.append(time.perf_counter())
             st = nxt
-        us = (time.perf_counter() - t0) * 1e6 / reps
+        ex.finish(st)  # waited for, untimed: no next step is prepared behind it
     finally:
-        gc.enable()
-    ex.finish(st)
-    return us
+        if gc_was:
+            gc.enable()
+    # Intervals between tokens on the host, each with the next step's prep and launch inside
+    # it; the first finish opens the first interval (its step started from an idle GPU).
+    return (done[-1] - done[0]) * 1e6 / (len(done) - 1)
 
 
 def synthetic_steps(positions: int, depth: int, sizes: Sequence[int]) -> list[tuple[str, list]]:
@@ -328,6 +378,7 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
     from sim.budget import block_layout
 
     t0 = time.perf_counter()
+    hard_end = None if time_budget_s is None else t0 + time_budget_s
     hw = load_hardware(gpu)
     runs = [load_run(p) for p in steps_paths]
     dev = torch.device(device)
@@ -359,6 +410,7 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
         quota = None if max_steps is None else max(1, max_steps // len(runs))
         for run in runs:  # only the sampled steps are sized for, priced and replayed
             run.steps = [run.steps[i] for i in sample(len(run.steps), quota)]
+        freeze_heap()
         rows: list[dict] = []
         checks: list[dict] = []
         host_rows: list[dict] = []
@@ -377,6 +429,8 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                    block_layout(model, pol, 1 << 40).attn_block_tokens)
             groups.setdefault(key, []).append(run)
         host_reserve = (HOST_RESERVE_S / 3 if smoke else HOST_RESERVE_S) if host and dev.type == "cuda" else 0.0
+        # Backstop past the budget plus its grace: a KeyboardInterrupt wherever it is (outputs kept).
+        alarm = arm_alarm(None if time_budget_s is None else time_budget_s - (time.perf_counter() - t0))
         try:
             for gi, group in enumerate(groups.values()):
                 reserve = host_reserve if gi == 0 else 0.0  # the first executor also measures host.csv
@@ -402,6 +456,7 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                 log(f"[executor {gi + 1}/{len(groups)}] runs {[r.name for r in group]}: block "
                     f"{lay.attn_block_tokens} tokens, {ex.num_blocks} blocks ({ex.kv_pool_bytes() / 2**30:.1f} GiB "
                     f"KV), capture sizes up to {ex.sizes[-1] if ex.sizes else 0}")
+                freeze_heap()
                 if gi == 0 and ex.graphs is not None:
                     try:
                         checks = check_modes(ex, log)
@@ -412,6 +467,8 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                 for k, run in enumerate(group):
                     end = None if group_end is None else \
                         time.perf_counter() + (group_end - time.perf_counter()) / (len(group) - k)
+                    if hard_end is not None:  # never past the global budget, whatever the split says
+                        end = min(end, hard_end - reserve)
                     ex.use_policy(run.policy)
                     kernels[run.policy.name] = ex.kernel_sources()
                     log(f"[{run.name}] policy {run.policy.name}: kernels {kernels[run.policy.name]}")
@@ -438,12 +495,15 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                 if ex.graphs is not None:
                     log(f"[executor {gi + 1}] {len(ex.graphs)} graphs captured in {ex.graphs.capture_s:.1f} s")
                 del ex
+                gc.unfreeze()  # the executor's objects may sit in cycles: let the next collection see them
                 gc.collect()
                 if dev.type == "cuda":
                     torch.cuda.empty_cache()
-        except KeyboardInterrupt:  # `timeout -s INT`: keep what was measured
+        except KeyboardInterrupt:  # `timeout -s INT` or the budget's alarm: keep what was measured
             errors_.append("interrupted")
             log("interrupted: writing what was measured")
+        finally:
+            alarm()
     write_outputs(mdir, rows)
     provenance.write(mdir / "replay_check.json", {"tolerance": CHECK_TOLERANCE, "cases": checks})
     if host_rows:
@@ -476,14 +536,19 @@ def replay_run(ex: object, run: Run, reps: int, warmup: int, end: float | None, 
     old = old_pricer(run, gpu, log) if run.steps else None
     tr = time.perf_counter()
     steps = [steps[i] for i in spread_order(len(steps))]
+    last_write = time.perf_counter()
     for j, (step, flush) in enumerate(steps):
         if end is not None and time.perf_counter() > end:
             errors_.append(f"{run.name}: stopped after {j} of {len(steps)} steps, time budget")
             log(f"  time budget: stopping {run.name} after {j} of {len(steps)} steps")
             break
         try:
-            ts, o = time_step(ex, step.requests, flush, reps, warmup)
-            async_us = time_step_async(ex, step.requests, flush, reps)
+            ts, o = time_step(ex, step.requests, flush, reps, warmup, end)
+            async_us = time_step_async(ex, step.requests, flush, reps, end)
+        except BudgetSpent:
+            errors_.append(f"{run.name}: stopped inside step {j + 1} of {len(steps)}, time budget")
+            log(f"  time budget: stopping {run.name} inside step {j + 1} of {len(steps)}")
+            break
         except Exception as e:  # one bad step must not cost the run
             errors_.append(f"{run.name} step {step.step}: {type(e).__name__}: {e}")
             log(f"  step {step.step} FAILED: {traceback.format_exc()}")
@@ -506,8 +571,38 @@ def replay_run(ex: object, run: Run, reps: int, warmup: int, end: float | None, 
             log(f"  {run.name} {j + 1}/{len(steps)} step {step.step} {row['kind']}/{o.mode} "
                 f"{row['tokens']} tok: {row['measured_us']:.0f} us (pred {step.predicted_us:.0f}); "
                 f"{len(ex.graphs) if ex.graphs else 0} graphs, {time.perf_counter() - tr:.0f} s")
-        if j % 10 == 9:  # a replay killed past its limit keeps what it measured
-            on_progress()
+        if time.perf_counter() - last_write > PROGRESS_S or j == len(steps) - 1:
+            on_progress()  # a replay killed past its limit keeps what it measured
+            last_write = time.perf_counter()
+
+
+def freeze_heap() -> None:
+    """One full collection, then gc.freeze(): the traced steps of every run, the weights' and
+    graphs' Python objects (~400k objects for 18 runs) move to the permanent generation. Without
+    it each step's gc.collect() walked them all (0.2-0.3 s a call, two calls a step: most of the
+    ~0.7 s of host time per 3-5 ms step of round 2). vLLM freezes its heap the same way."""
+    gc.collect()
+    gc.freeze()
+
+
+def arm_alarm(budget_s: float | None) -> Callable[[], None]:
+    """SIGALRM at budget_s + ALARM_GRACE_S raising KeyboardInterrupt (the outputs are then written);
+    returns the disarm. A no-op off the main thread, without SIGALRM or without a budget."""
+    import signal
+    import threading
+
+    if budget_s is None or not hasattr(signal, "SIGALRM") or threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def fire(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"time budget {budget_s} s + {ALARM_GRACE_S} s grace spent")
+    prev = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, max(1e-3, budget_s + ALARM_GRACE_S))
+
+    def disarm() -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, prev)
+    return disarm
 
 
 def write_outputs(mdir: Path, rows: list[dict]) -> None:

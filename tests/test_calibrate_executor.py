@@ -145,3 +145,20 @@ def test_one_executor_serves_policies_of_one_step_shape():
     assert torch.isfinite(ex.x[:9].float()).all() and len(out.tokens) == 5
     with pytest.raises(ValueError, match="differ from this executor"):
         ex.use_policy(load_policy("store_all", {"draft_tree_widths": [2, 2]}))
+
+
+def test_pipelined_steps_keep_their_own_outputs():
+    # Async scheduling (calibrate.replay.time_step_async): step N+1 is prepared and launched
+    # before step N is finished; N's tokens must still be N's (double-buffered host outputs).
+    from calibrate.replay import time_step_async
+
+    ex = tiny("reconstruct")
+    a, b = [R(1, 0, 20, CHAIN, 3)], [R(1, 0, 30, CHAIN, 2), R(2, 0, 9, CHAIN, 1), R(3, 0, 5, CHAIN, 4)]
+    sa = ex.prepare(a)
+    ex.launch(sa)
+    sb = ex.prepare(b)
+    ex.launch(sb)
+    oa, ob = ex.finish(sa), ex.finish(sb)
+    assert len(oa.tokens) == 4 and len(oa.accepted) == 1 and np.shape(oa.drafts) == (3, 1)
+    assert len(ob.tokens) == 12 and len(ob.accepted) == 3 and np.shape(ob.drafts) == (3, 3)
+    assert time_step_async(ex, b, False, reps=1) > 0
