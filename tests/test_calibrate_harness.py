@@ -10,14 +10,8 @@ from core.config import ModelConfig, load_hardware, load_model, validate  # noqa
 from core.tables import COLUMNS, STEP_COLUMNS, TABLES  # noqa: E402
 from calibrate.grid import ALL_JOBS, Grid, jobs_for_part  # noqa: E402
 from calibrate.shapes import LayerShapes  # noqa: E402
+from tiny_model import TINY  # noqa: E402
 
-TINY = {
-    "name": "tiny-hybrid", "hidden_size": 64, "layer_pattern": ["gdn", "gdn", "gdn", "attn"], "num_layers": 4,
-    "gdn": {"num_k_heads": 2, "num_v_heads": 4, "head_k_dim": 16, "head_v_dim": 16, "conv_kernel": 4},
-    "attention": {"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 16},
-    "moe": {"num_experts": 8, "top_k": 2, "shared_experts": 1, "expert_width": 32},
-    "vocab_size": 128, "total_params": 1.0e6, "active_params": 2.0e5, "mtp_depth": 2,
-}
 GRID = Grid(tokens=(1, 2, 4, 8), decode_b=(1, 2, 4), decode_p=(1, 2, 4), decode_ctx=(16, 32, 64),
             prefill_chunk=(8, 16, 32), prefill_ctx=(0, 16, 32), step_shapes=((2, 2, 16), (1, 4, 32)),
             activation_tokens=(8,))

@@ -26,8 +26,13 @@ def test_committed_tables_have_provenance(mdir: Path):
         assert part["errors"] == [] and part.get("device_time_s"), part
     measured = {name for part in prov["parts"] for name in part["jobs"]}
     for csv in mdir.glob("*.csv"):
+        if csv.stem == "replay_steps":  # whole steps, not a table: replay_provenance.json, checked below
+            continue
         assert csv.stem in measured, f"{csv} has no provenance part that measured it"
         assert read_rows(csv, ("mode",))
+    if (mdir / "replay_steps.csv").exists():
+        replay = json.loads((mdir / "replay_provenance.json").read_text())
+        assert missing_fields(replay) == [] and replay["model"] == mdir.name and replay.get("device_time_s"), replay
     for name, spec in TABLES.items():
         assert (mdir / f"{name}.csv").exists() or not spec.required, f"{mdir}: missing {name}.csv"
     assert "activation_peak_bytes" in json.loads((mdir / "memory.json").read_text())

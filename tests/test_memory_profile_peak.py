@@ -7,14 +7,9 @@ from core.config import ModelConfig, load_hardware, validate  # noqa: E402
 from calibrate.grid import QUICK  # noqa: E402
 from calibrate.measure import Harness  # noqa: E402
 from calibrate.shapes import LayerShapes  # noqa: E402
+from tiny_model import TINY as TINY_BASE  # noqa: E402
 
-TINY = {
-    "name": "tiny-hybrid", "hidden_size": 64, "layer_pattern": ["gdn", "gdn", "gdn", "attn"], "num_layers": 4,
-    "gdn": {"num_k_heads": 2, "num_v_heads": 4, "head_k_dim": 16, "head_v_dim": 16, "conv_kernel": 4},
-    "attention": {"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 16},
-    "moe": {"num_experts": 8, "top_k": 2, "shared_experts": 1, "expert_width": 32},
-    "vocab_size": 301, "total_params": 1.0e6, "active_params": 2.0e5, "mtp_depth": 2,
-}
+TINY = {**TINY_BASE, "vocab_size": 301}  # a vocabulary that is not a power of two
 
 
 def test_sampler_matches_float64_top_k_top_p():

@@ -1,0 +1,10 @@
+"""The tiny hybrid model the CPU tests of the GPU harness build: every field a real config has, at sizes
+the interpreter runs in seconds."""
+
+TINY = {
+    "name": "tiny-hybrid", "hidden_size": 64, "layer_pattern": ["gdn", "gdn", "gdn", "attn"], "num_layers": 4,
+    "gdn": {"num_k_heads": 2, "num_v_heads": 4, "head_k_dim": 16, "head_v_dim": 16, "conv_kernel": 4},
+    "attention": {"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 16},
+    "moe": {"num_experts": 8, "top_k": 2, "shared_experts": 1, "expert_width": 32},
+    "vocab_size": 128, "total_params": 1.0e6, "active_params": 2.0e5, "mtp_depth": 2,
+}
