@@ -196,7 +196,8 @@ def _validate(args: argparse.Namespace) -> int:
 
     hw = load_hardware(args.gpu)
     root = REPO_ROOT / (hw.calibration_dir or "")
-    names = args.model or [n for n in model_names() if (root / n).is_dir()]
+    # A folder holding only a profile-run peak has no tables to validate.
+    names = args.model or [n for n in model_names() if any((root / n).glob("*.csv"))]
     if not names:
         raise ConfigError(f"no calibration tables under {root}; run `specsim calibrate measure --gpu {args.gpu}` first")
     if not 0 < args.holdout < 1:
