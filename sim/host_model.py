@@ -23,7 +23,6 @@ labelled 'analytic'.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import accumulate
 from pathlib import Path
 
 from core.interp import Curve1D, from_rows
@@ -99,23 +98,18 @@ class HostCosts:
         return cls(curves, step_overhead_us, scale, step_source)
 
 
-def pipeline(ops: Sequence[tuple[float, float]], prepare_us: float, finish_us: float,
-             async_scheduling: bool = False) -> float:
-    """Step time (us) of ops issued in order: (host cost, GPU time) each; see the module doc."""
-    hosts = [h for h, _ in ops]
-    # Suffix sums: once the GPU is busy past the moment the host will have issued every
-    # remaining op, no op waits for the host any more and the rest is GPU time alone.
-    host_left = list(accumulate(reversed(hosts)))[::-1]
-    gpu_left = list(accumulate(reversed([g for _, g in ops])))[::-1]
+def pipeline(ops: Sequence[tuple[float, float, int, int]], prepare_us: float, finish_us: float,
+             async_scheduling: bool = False, cores: Sequence[float] = (0.0,), host_total_us: float | None = None) -> float:
+    """Step time (us) of ops issued in order; see the module doc. An op is (host cost, GPU time,
+    core, count): its GPU time adds `count` x cores[core], the attention cores that depend on the
+    step's contexts (so one op list serves every step of a batch shape). `host_total_us`, the sum
+    of the host costs, may be passed precomputed (async scheduling needs it)."""
     h = 0.0 if async_scheduling else prepare_us
     gpu = 0.0
-    for i, (host, g) in enumerate(ops):
-        if gpu >= h + host_left[i]:
-            h += host_left[i]
-            gpu += gpu_left[i]
-            break
+    for host, g, c, k in ops:
         h += host
-        gpu = (h if h > gpu else gpu) + g
+        gpu = (h if h > gpu else gpu) + g + (k * cores[c] if k else 0.0)
     if async_scheduling:
-        return max(gpu, prepare_us + sum(hosts) + finish_us)
+        total = sum(op[0] for op in ops) if host_total_us is None else host_total_us
+        return max(gpu, prepare_us + total + finish_us)
     return max(h, gpu) + finish_us

@@ -348,7 +348,7 @@ class CalibratedLatencyModel:
             built = self._pipeline_shape(b)
             if len(self._shapes) < STEP_MEMO:
                 self._shapes[key] = built
-        fixed, ops, widths, prepare, finish = built
+        fixed, ops, host_total, widths, prepare, finish = built
         # Core 0: the target's (and the first drafter pass's) attention core; then one per later pass.
         cores = [self._attention_core_us(b, b.decode_seqs, b.decode_tokens, b.chunks)]
         cores += [self._attention_core_us(b, b.num_seqs, b.num_seqs * w, ()) for w in widths]
@@ -356,15 +356,15 @@ class CalibratedLatencyModel:
         us["attention"] += self.model.attn_layers * cores[0]
         if b.draft_depth:
             us["drafter"] += sum(cores)
-        total = pipeline([(h, gpu + cores[c]) if c >= 0 else (h, gpu) for h, gpu, c in ops], prepare, finish,
-                         self.async_scheduling)
+        total = pipeline(ops, prepare, finish, self.async_scheduling, cores, host_total)
         us["overhead"] = max(0.0, total - sum(us.values()))
         return StepTime({t: us[t] * US for t in TERMS}, b.graph_mode)
 
-    def _pipeline_shape(self, b: StepBatch) -> tuple[dict[str, float], list[tuple[float, float, int]],
+    def _pipeline_shape(self, b: StepBatch) -> tuple[dict[str, float], list[tuple[float, float, int, int]], float,
                                                        tuple[int, ...], float, float]:
-        """Context-free GPU us per term; the ops as (host us, GPU us, index of the attention core it
-        adds, or -1); the drafter's later-pass widths; step_prepare and step_finish us."""
+        """Context-free GPU us per term; the ops as (host us, GPU us, attention core, how many of it:
+        sim.host_model.pipeline) and their total host us; the drafter's later-pass widths;
+        step_prepare and step_finish us."""
         m, host, g = self.model, self.host, "graph"
         mode = b.graph_mode
         n, R, B, P = b.num_tokens, b.num_seqs, b.decode_seqs, b.prefill_seqs
@@ -387,36 +387,35 @@ class CalibratedLatencyModel:
         us["allreduce"] = m.num_layers * ar + sum(2 * self._allreduce(t) / US for t, _ in passes)
         us["drafter"] = sum(gpu for _, gpu in passes)  # + the cores, per step
 
-        ops: list[tuple[float, float, int]] = []
+        ops: list[tuple[float, float, int, int]] = []
         if mode == "full":
             target = sum(us[t] for t in ("gdn", "gdn_verify", "gdn_commit", "attention", "moe")) + m.num_layers * ar
-            ops.append((host.us("full_graph", N), target, -1))
-            ops += [(0.0, 0.0, 0)] * m.attn_layers  # the graph's attention cores: GPU time only
+            ops.append((host.us("full_graph", N), target, 0, m.attn_layers))  # one replay, its attention cores in it
         else:
-            core = {"attn": [(host.us("attn_core", R), 0.0, 0)], "gdn": []}
+            core = {"attn": [(host.us("attn_core", R), 0.0, 0, 1)], "gdn": []}
             if B:
-                core["gdn"].append((host.us("gdn_verify", B), verify, -1))
+                core["gdn"].append((host.us("gdn_verify", B), verify, 0, 0))
                 if not self.policy.commit_is_index_update():
-                    core["gdn"].append((host.us("gdn_commit", B), commit, -1))
+                    core["gdn"].append((host.us("gdn_commit", B), commit, 0, 0))
             if P:
-                core["gdn"].append((host.us("gdn_prefill", P), prefill, -1))
+                core["gdn"].append((host.us("gdn_prefill", P), prefill, 0, 0))
             dense = {"gdn": gdn_dense, "attn": attn_dense}
             if mode == "piecewise":
                 piece = host.us("piece_graph", N)
                 for kind in self.layer_kinds:
-                    ops.append((piece, dense[kind] + moe + ar, -1))
+                    ops.append((piece, dense[kind] + moe + ar, 0, 0))
                     ops += core[kind]
-                ops.append((piece, 0.0, -1))  # final norm: the last piece
+                ops.append((piece, 0.0, 0, 0))  # final norm: the last piece
             else:
                 issue = {"gdn": host.us("eager_dense_gdn", n), "attn": host.us("eager_dense_attn", n)}
                 moe_issue = host.us("eager_moe", n)
                 for kind in self.layer_kinds:
-                    ops.append((issue[kind], dense[kind] + ar / 2, -1))
+                    ops.append((issue[kind], dense[kind] + ar / 2, 0, 0))
                     ops += core[kind]
-                    ops.append((moe_issue, moe + ar / 2, -1))
-        ops.append((host.us("sample", rows), lm, -1))
-        ops += [(host.us("drafter_pass", t), gpu + 2 * self._allreduce(t) / US, i) for i, (t, gpu) in enumerate(passes)]
-        return us, ops, widths, host.us("step_prepare", R), host.us("step_finish", R)
+                    ops.append((moe_issue, moe + ar / 2, 0, 0))
+        ops.append((host.us("sample", rows), lm, 0, 0))
+        ops += [(host.us("drafter_pass", t), gpu + 2 * self._allreduce(t) / US, i, 1) for i, (t, gpu) in enumerate(passes)]
+        return us, ops, sum(op[0] for op in ops), widths, host.us("step_prepare", R), host.us("step_finish", R)
 
     def _attention_core_us(self, b: StepBatch, seqs: int, dec_tokens: int,
                            chunks: tuple[tuple[int, int], ...]) -> float:
@@ -427,8 +426,8 @@ class CalibratedLatencyModel:
             per_seq = dec_tokens / seqs
             t += self._f(per_seq * self.q_per_kv) * self.tables[("attn_decode", "graph")].partial(seqs, per_seq)(ctx)
         prefill = self.tables[("attn_prefill", "graph")]
-        for tokens, ctx in chunks:
-            t += self._f(tokens) * prefill(tokens, ctx)
+        for tokens, ctx in chunks:  # chunk sizes repeat (the budget): their context curves are memoised
+            t += self._f(tokens) * prefill.partial(tokens)(ctx)
         return t
 
     def _gdn_decode_us(self, b: StepBatch) -> tuple[float, float]:

@@ -310,7 +310,7 @@ def test_varlen_prefill_is_one_call_per_layer(tmp_path):
     lm = load(root, pricing="pipeline", async_scheduling=False)
     four = step([(100, 0, False, False)] * 4)
     _, ops, *_ = lm._pipeline_shape(four)
-    assert sum(1 for h, _, _ in ops if h == pytest.approx(1000.0)) == GDN_LAYERS  # not one per prefilling request
+    assert sum(1 for h, *_ in ops if h == pytest.approx(1000.0)) == GDN_LAYERS  # not one per prefilling request
     # GPU time without a varlen table: the one-sequence curve at the chunk-rounded total (4 x 128)
     t = lm.step_time(four).terms
     assert t["gdn_verify"] * 1e6 == pytest.approx(GDN_LAYERS * lm.tables[("gdn_prefill", "graph")](512))

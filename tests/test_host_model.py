@@ -7,32 +7,45 @@ from core.tables import HOST_COLUMNS, TableError
 from sim.host_model import ANALYTIC_US, HostCosts, pipeline
 
 
+def ops(*pairs):
+    """(host, GPU) pairs as pipeline ops that add no attention core."""
+    return [(h, g, 0, 0) for h, g in pairs]
+
+
 def test_gpu_bound_step():
     # prepare 7; op 1 issued at 17, runs 17-117; ops 2 and 3 issued at 27 and 77 wait for the GPU:
     # 117-122, 122-127; then finish 3.
-    assert pipeline([(10, 100), (10, 5), (50, 5)], prepare_us=7, finish_us=3) == pytest.approx(130)
+    assert pipeline(ops((10, 100), (10, 5), (50, 5)), prepare_us=7, finish_us=3) == pytest.approx(130)
 
 
 def test_host_bound_step():
     # each op issued 100 us after the last and done 10 us later: the GPU idles between them
-    assert pipeline([(100, 10), (100, 10)], prepare_us=0, finish_us=0) == pytest.approx(210)
-    assert pipeline([(100, 10), (100, 10)], prepare_us=5, finish_us=2) == pytest.approx(217)
+    assert pipeline(ops((100, 10), (100, 10)), prepare_us=0, finish_us=0) == pytest.approx(210)
+    assert pipeline(ops((100, 10), (100, 10)), prepare_us=5, finish_us=2) == pytest.approx(217)
 
 
 def test_launches_hide_behind_queued_gpu_work():
     # the same three launches: alone 90 us of host time; behind a 1 ms op they cost nothing
-    alone = pipeline([(30, 1), (30, 1), (30, 1)], 0, 0)
-    behind = pipeline([(1, 1000), (30, 1), (30, 1), (30, 1)], 0, 0)
+    alone = pipeline(ops((30, 1), (30, 1), (30, 1)), 0, 0)
+    behind = pipeline(ops((1, 1000), (30, 1), (30, 1), (30, 1)), 0, 0)
     assert alone == pytest.approx(91) and behind == pytest.approx(1 + 1000 + 3)
 
 
 def test_async_scheduling_hides_prepare_and_finish():
     # sync: 50 prepare + 10 issue + 100 GPU + 30 finish
-    assert pipeline([(10, 100)], 50, 30) == pytest.approx(190)
+    assert pipeline(ops((10, 100)), 50, 30) == pytest.approx(190)
     # async: the GPU chain (10 + 100) is longer than the step's host work (50 + 10 + 30)
-    assert pipeline([(10, 100)], 50, 30, async_scheduling=True) == pytest.approx(110)
+    assert pipeline(ops((10, 100)), 50, 30, async_scheduling=True) == pytest.approx(110)
     # ...unless the host work is longer: then it sets the period
-    assert pipeline([(10, 20)], 50, 30, async_scheduling=True) == pytest.approx(90)
+    assert pipeline(ops((10, 20)), 50, 30, async_scheduling=True) == pytest.approx(90)
+
+
+def test_attention_cores_join_their_ops():
+    # op 2 carries 3 attention cores of 20 us (a full graph's), op 3 one core of 5 us (a drafter pass)
+    steps = [(10, 100, 0, 0), (0, 0, 0, 3), (10, 1, 1, 1)]
+    assert pipeline(steps, 0, 0, cores=(20.0, 5.0)) == pytest.approx(10 + 100 + 60 + 1 + 5)
+    # the precomputed host total is what async scheduling compares with
+    assert pipeline(steps, 500, 0, async_scheduling=True, cores=(20.0, 5.0), host_total_us=20) == pytest.approx(520)
 
 
 def _write(path, rows):
