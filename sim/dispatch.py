@@ -30,7 +30,7 @@ def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-@lru_cache(maxsize=64)  # the engine asks once per step
+@lru_cache(maxsize=64)
 def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, query_len: int,
                   cap: int = CAPTURE_CAP) -> tuple[int, ...]:
     """Token counts vLLM captures graphs for; `query_len` = 1 + k (1 without speculation)."""

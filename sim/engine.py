@@ -36,12 +36,6 @@ from sim.scheduler import Scheduler, StepPlan
 from sim.step_trace import TracedRequest, assemble_batch
 from workloads.base import RequestSpec
 
-# vLLM's default largest CUDA-graph capture size, in tokens, is
-# min(max_num_seqs x (1 + K) x 2, 512, max_num_batched_tokens) (VllmConfig._set_cudagraph_sizes);
-# larger batches run piecewise.
-CUDAGRAPH_CAPTURE_CAP = 512
-
-
 @dataclass
 class EngineResult:
     requests: list[Request]
@@ -63,8 +57,8 @@ class Engine:
         self.spec_enabled = scheduler.verify_positions > 1
         self.tree_forces_eager = policy.forces_eager()
         self.replay = policy.name == "replay"
-        self.graph_max_tokens = min(scheduler.max_seqs * scheduler.verify_positions * 2, CUDAGRAPH_CAPTURE_CAP,
-                                    scheduler.max_tokens)
+        # vLLM's capture sizes (sim.dispatch): fixed for the run, so asked once
+        self.capture_sizes = capture_sizes(scheduler.max_seqs, scheduler.max_tokens, scheduler.verify_positions)
         self.async_scheduling = scheduler.async_scheduling
         self.on_done = lambda req: None  # the client's callback for finished requests
         self._wake: simpy.Event | None = None
@@ -157,7 +151,7 @@ class Engine:
                 traced.append(TracedRequest(req.rid, 0 if decoding else n, req.computed, tree,
                                             1 if decoding else 0, replayed, flush))
         return assemble_batch(reqs, verify_positions=vp, draft_depth=self.draft_depth if self.spec_enabled else 0,
-                              sizes=capture_sizes(sched.max_seqs, sched.max_tokens, vp),
+                              sizes=self.capture_sizes,
                               full_graph_ok=not self.tree_forces_eager, requests=tuple(traced))
 
     def _complete(self, plan: StepPlan, now: float) -> None:

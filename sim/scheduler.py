@@ -49,8 +49,6 @@ class StepPlan:
     samples: list[bool] = field(default_factory=list)  # the step reaches the request's last known token
     preempted: list[Request] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
-    context_tokens: int = 0  # sum of computed tokens of the scheduled requests
-    max_context: int = 0
 
 
 class Scheduler:
@@ -203,9 +201,6 @@ class Scheduler:
         plan.spec.append(spec)
         plan.samples.append(spec or computed + n >= req.num_tokens)
         req.inflight += n
-        plan.context_tokens += computed
-        if computed > plan.max_context:
-            plan.max_context = computed
 
     def _preempt(self, req: Request, now: float) -> None:
         self.pool.give(req.units)
