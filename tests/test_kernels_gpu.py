@@ -35,9 +35,8 @@ def test_real_shapes(policy, dtype, tol):
                                    [full((2, 2, 2)), preorder(full((2, 2, 2))), chain(9)],
                                    [full((3, 3, 3)), chain(40), star(7)]], ids=["T4", "T15", "T40"])
 @pytest.mark.parametrize("tuning", [Tuning(rows_max=64), Tuning(verify="blocked", commit="loop"), Tuning(),
-                                    Tuning(prec="bf16x3", pending="loop", pack=True, prep=True, verify_bv=64,
-                                           commit_bv=16)],
-                         ids=["rows", "blocked-loop", "default", "bf16x3"])
+                                    Tuning(prec="tf32x3", pack=False, prep=False, verify_bv=64, commit_bv=16)],
+                         ids=["rows", "blocked-loop", "default", "tf32x3-bv64"])
 def test_reconstruct_paths_real_shapes(monkeypatch, trees, tuning):
     """35B-A3B heads, ragged: every verify kernel (the row verify forced for every T, unrolled up to
     16) and commit against float64. (The bench's variants mode checks each tuning it times.)"""

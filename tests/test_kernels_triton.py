@@ -163,9 +163,9 @@ PATHS = {  # name: (tuning, trees)
     "blocked-small": (Tuning(verify="blocked", commit="loop"), [chain(4), chain(2), [-1]]),
     "blocked-large": (Tuning(verify="blocked"), [chain(20), full((2, 2, 2))]),
     "fused-bv16-ieee": (Tuning(verify_bv=16, commit_bv=16, prec="ieee"), [chain(33), full((3, 3)), [-1]]),
-    "fused-pack": (Tuning(pack=True), [chain(8), full((2, 2)), star(5), [-1]]),
-    "fused-prep": (Tuning(prep=True), [chain(16), preorder(full((2, 2, 2))), star(5), [-1]]),
-    "fused-pack-prep": (Tuning(pack=True, prep=True), [chain(8), full((2, 2)), [-1]]),
+    "fused-pack": (Tuning(prep=False), [chain(8), full((2, 2)), star(5), [-1]]),
+    "fused-prep": (Tuning(pack=False), [chain(16), preorder(full((2, 2, 2))), star(5), [-1]]),
+    "fused-pack-prep": (Tuning(), [chain(8), full((2, 2)), [-1]]),
 }
 
 

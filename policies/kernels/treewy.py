@@ -653,7 +653,7 @@ def _gather_path_kernel(k_ptr, mask_ptr, gc_ptr, u_ptr, acc_ptr, pu_ptr, pk_ptr,
     ga = tl.load(gc_ptr + (b * T + a) * Hv + hv, mask=hv < Hv, other=0.0)
     if p == 0:
         tl.store(pg_ptr + b * Hv + hv, ga, mask=hv < Hv)
-        tl.store(pn_ptr + b, count)
+        tl.store(pn_ptr + b, tl.minimum(count, P))  # in bounds even unchecked (commit(check=False))
     if p < count:
         w = tl.exp(ga - tl.load(gc_ptr + (b * T + node) * Hv + hv, mask=hv < Hv, other=0.0))
         mv = (hv < Hv)[:, None]
