@@ -22,7 +22,7 @@ GPU_PY    ?= $(PY)
 GPU       ?= h200
 
 .PHONY: help venv dev test test-slow test-gpu sweep figures calibrate calibrate-validate \
-        bench bench-sim bench-kernels docs clean
+        bench bench-sim bench-kernels docs replay-steps clean
 
 help:
 	@echo "make sweep WORKLOAD=sharegpt   main job: grid sweep + figures on the committed calibration"
@@ -31,6 +31,7 @@ help:
 	@echo "make bench-sim                 simulator speed; make bench-kernels GPU_PY=python3 on a GPU"
 	@echo "make calibrate GPU_PY=python3  measure layers on a GPU into results/calibration/$(GPU)"
 	@echo "make docs                      rerun the README's sweeps and runs into docs/ and rewrite its numbers"
+	@echo "make replay-steps              the 18 traced runs that calibrate replay executes (runs/replay/)"
 
 venv: $(VENV)/.base-stamp
 dev: $(VENV)/.dev-stamp
@@ -96,6 +97,15 @@ docs: venv
 	  $(PY) -m sim run $$($(PY) -c 'from sim.readme import RUN_ARGS; print(RUN_ARGS)') --policy $$p --workload $$w \
 	    --out runs/docs/$$w-$$p > /dev/null && cp runs/docs/$$w-$$p/summary.json docs/runs/$$w-$$p.json || exit 1; done; done
 	$(PY) -m sim report --readme --write README.md
+
+# The traced runs the step replay executes (calibrate/REPLAY.md): sharegpt, three policies x gmu 0.6 / 0.9
+# x concurrency 1 / 32 / 128 (20, 150, 300 requests).
+REPLAY_POLICIES := store_all reconstruct replay
+replay-steps: venv
+	for p in $(REPLAY_POLICIES); do for g in 0.6 0.9; do for c in 1:20 32:150 128:300; do \
+	  $(PY) -m sim run --model qwen3.5-35b-a3b --hardware h200 --policy $$p --workload sharegpt --gmu $$g \
+	    --concurrency $${c%%:*} --num-requests $${c##*:} --trace-steps --out runs/replay/$$p-g$$g-c$${c%%:*} \
+	    > runs/replay/$$p-g$$g-c$${c%%:*}.log || exit 1; done; done; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -68,6 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--policy", default="store_all", help="--smoke without --steps: policy config name")
     r.add_argument("--device", default="cuda")
     r.add_argument("--git-commit", default=None)
+    r.add_argument("--resume", type=Path, default=None, metavar="DIR",
+                   help="a previous replay's <out>/<model> folder: its rows are kept and its steps not replayed "
+                        "again (its provenance parts are carried over)")
     r.add_argument("--summarize", type=Path, default=None, metavar="DIR",
                    help="no GPU: re-price DIR/replay_steps.csv with today's latency model (and the old eager "
                         "sum) from the --steps files, and rewrite DIR/replay_summary.json")
@@ -236,6 +239,8 @@ def _replay(args: argparse.Namespace) -> int:
         raise ConfigError(f"--warmup must be >= 0, got {args.warmup}")
     if not args.steps and not args.smoke:
         raise ConfigError("--steps RUN/steps.csv is required (or --smoke)")
+    if args.resume and not (args.resume / "replay_steps.csv").is_file():
+        raise ConfigError(f"--resume {args.resume}: no replay_steps.csv there (give a replay's <out>/<model> folder)")
     load_hardware(args.gpu)
     if args.model:
         load_model(args.model)
@@ -258,7 +263,7 @@ def _replay(args: argparse.Namespace) -> int:
         return R.replay(args.steps, args.gpu, args.out or _calib_root(args.gpu), smoke=args.smoke,
                         max_steps=args.max_steps, time_budget_s=args.time_budget_s, reps=args.reps,
                         warmup=args.warmup, mode=args.mode, kv_pool_gb=args.kv_pool_gb, host=not args.no_host,
-                        model_name=args.model, policy_name=args.policy, device=args.device,
+                        model_name=args.model, policy_name=args.policy, device=args.device, resume=args.resume,
                         commit=args.git_commit or provenance.git_commit(), log=functools.partial(print, flush=True))
     except StepTraceError as e:
         raise ConfigError(str(e)) from None

@@ -282,6 +282,12 @@ class Step:
     P: int  # prefill sequences
     ragged: bool  # decodes of different widths: verify runs on a padded copy
     pf_cu_cpu: torch.Tensor | None
+    # The prefills' cu_seqlens on the device: ONE tensor object for every GDN layer of the step.
+    # fla memoises its varlen index tensors by the identity of this argument; building them
+    # copies host to device synchronously (`.to(cu_seqlens)`), so a fresh view per layer would
+    # stall the host on the GPU at every GDN layer. vLLM passes its metadata's tensor to every
+    # layer: the copy (and its wait) happens at the step's first GDN prefill call.
+    pf_cu: torch.Tensor | None
     n_logits: int
     max_q: int
     flush: bool
@@ -503,7 +509,8 @@ class Executor:
         self.i64.upload()
         self.i32.upload()
         return Step(lay=lay, d=d, n=nr if full else n, R=Rr, B=Br, T=T, P=P, ragged=ragged,
-                    pf_cu_cpu=torch.from_numpy(pf_cu) if P else None, n_logits=nd + P,
+                    pf_cu_cpu=torch.from_numpy(pf_cu) if P else None, pf_cu=self.i64.d("pf_cu", P + 1) if P else None,
+                    n_logits=nd + P,
                     max_q=T if full else int(lay.q_lens.max()), flush=flush, done=None, out_host=None,
                     # A full graph replays at any context: its table keeps every column.
                     cols=W if full else int(lay.blocks.max()), how=mode or self.mode)
@@ -543,10 +550,10 @@ class Executor:
             x[:n] += F.linear(o.reshape(n, s.gdn_v_channels), w.out_proj)
         else:
             w = self.w.layers[i] if i >= 0 else self.w.mtp_attn
-            x[:n].copy_(L._attn_out(x[:n], self.attn_o[:n], self.gate[:n], w, s))
+            x[:n] += L.attn_out_proj(self.attn_o[:n], self.gate[:n], w, s)
 
     def moe(self, i: int, n: int, x: torch.Tensor) -> None:
-        x[:n].copy_(L.moe_forward(x[:n], self.w.moe[i] if i >= 0 else self.w.mtp_moe, self.s))
+        L.moe_forward(x[:n], self.w.moe[i] if i >= 0 else self.w.mtp_moe, self.s, out=x[:n])
 
     def target_piece(self, j: int, n: int) -> None:
         """Piece j of the target forward: the embedding (j = 0) or layer j-1's post-core half
@@ -651,7 +658,7 @@ class Executor:
         for first chunks), one varlen conv and one varlen chunked-rule call, scatter the states back."""
         s, P, m = self.s, st.P, qkv.shape[0]
         nd = st.n - m
-        slots, cu, has_init = self.i64.d("pf_slots", P), self.i64.d("pf_cu", P + 1), self.i32.d("pf_init", P)
+        slots, cu, has_init = self.i64.d("pf_slots", P), st.pf_cu, self.i32.d("pf_init", P)
         cw = self.w.conv[i]
         conv0 = self.conv_pool[i].index_select(0, slots)
         conv0.mul_(has_init.view(P, 1, 1))

@@ -142,6 +142,7 @@ def measure_host(ex: object, log: Callable[[str], None] = print, quick: bool = F
             def prefill() -> None:
                 qkv, g, beta, nd = ex.gdn_inputs(gdn, st)
                 ex.prefill(gdn, st, qkv[nd:st.n], g[nd:st.n], beta[nd:st.n])
+            prefill()  # a step's first varlen call builds fla's index tensors (one synchronous copy)
             record("gdn_prefill", p, prefill)
     for n in [t for t in (16, 64, 256, 512, 1024, 2048, 4096, 8192) if t <= ex.max_tokens - 256][:5 if quick else 8]:
         x = ex.x

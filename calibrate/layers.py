@@ -137,11 +137,16 @@ def _attn_in(x: torch.Tensor, w: AttnWeights, s: LayerShapes, cos: torch.Tensor,
     return q, gate, k, v.reshape(n, s.kv_heads, s.head_dim)
 
 
-def _attn_out(x: torch.Tensor, o: torch.Tensor, gate: torch.Tensor, w: AttnWeights, s: LayerShapes) -> torch.Tensor:
-    """Qwen3.5's sigmoid output gate, o_proj, residual."""
-    n = x.shape[0]
+def attn_out_proj(o: torch.Tensor, gate: torch.Tensor, w: AttnWeights, s: LayerShapes) -> torch.Tensor:
+    """Qwen3.5's sigmoid output gate and o_proj (the residual is the caller's)."""
+    n = o.shape[0]
     o = o * torch.sigmoid(gate.view(n, s.q_heads, s.head_dim))
-    return x + F.linear(o.reshape(n, s.q_heads * s.head_dim), w.o_proj)
+    return F.linear(o.reshape(n, s.q_heads * s.head_dim), w.o_proj)
+
+
+def _attn_out(x: torch.Tensor, o: torch.Tensor, gate: torch.Tensor, w: AttnWeights, s: LayerShapes) -> torch.Tensor:
+    """attn_out_proj plus the residual."""
+    return x + attn_out_proj(o, gate, w, s)
 
 
 def attn_forward(x: torch.Tensor, w: AttnWeights, s: LayerShapes, cos: torch.Tensor, sin: torch.Tensor,
@@ -236,11 +241,11 @@ def moe_weights(s: LayerShapes, device: torch.device) -> MoEWeights:
     )
 
 
-def moe_forward(x: torch.Tensor, w: MoEWeights, s: LayerShapes) -> torch.Tensor:
+def moe_forward(x: torch.Tensor, w: MoEWeights, s: LayerShapes, out: torch.Tensor | None = None) -> torch.Tensor:
     """Norm, then the fused MoE (routing, routed and shared experts; calibrate/kernels/fused_moe.py),
-    the residual added in its final reduction."""
+    the residual added in its final reduction; `out=x` updates the residual stream in place."""
     h = F.rms_norm(x, (s.hidden,), w.norm, EPS)
-    return fused_moe(h, w.router, w.w13, w.w2, s.top_k, w.shared13, w.shared2, w.shared_gate, residual=x)
+    return fused_moe(h, w.router, w.w13, w.w2, s.top_k, w.shared13, w.shared2, w.shared_gate, residual=x, out=out)
 
 
 # ------------------------------------------------------------------ LM head, MTP fc

@@ -7,9 +7,11 @@ the host, median of `--reps` runs after a warm-up run (which captures any graph 
 needs). Async scheduling (the run's engine.async_scheduling, vLLM's default with MTP):
 the steady state of the same step repeated, step N+1 prepared and launched while the
 GPU runs step N (the period between steps' tokens on the host, every step waited for).
-`measured_us` is the one the run was simulated with; both are kept. replay_summary.json
-compares the predictions against `measured_sync_us` (MEASURED; it says so under
-`compared_against`): round 3's async timing (commit 045256b) missed the GPU time.
+`measured_us` is the one the run was simulated with (the async period for runs with async
+scheduling), and replay_summary.json compares the predictions against it (MEASURED; the JSON
+names it under `compared_against`). Which steps: `--max-steps` shares a quota per run equally
+among the step kinds it has (`pick`), so rare kinds (prefill-only, mixed) are not drowned by
+decode steps, and the replay order interleaves the kinds, each spread over the run.
 `--time-budget-s` is hard: checked before every timed run inside a step, outputs rewritten
 every few seconds, and SIGALRM shortly past it interrupts whatever runs (calibrate/REPLAY.md).
 Before timing, a correctness check runs a mixed and a uniform-decode batch eagerly,
@@ -42,31 +44,38 @@ from core.files import atomic_write_text
 
 SUMMARY_KINDS = ("uniform_decode", "mixed_graph", "mixed_eager", "prefill_only", "all")
 BASE_COLUMNS = ("run", "step", "kind", "mode", "tokens", "padded_tokens", "requests", "decodes", "prefills",
-                "context_tokens", "measured_us", "measured_sync_us", "measured_async_us", "measured_p10_us",
-                "measured_p90_us", "reps", "predicted_us",
+                "context_tokens", "measured_us", "measured_sync_us", "measured_async_us", "measured_sync_min_us",
+                "measured_sync_max_us", "reps", "predicted_us",
                 "old_predicted_us")
 HOST_RESERVE_S = 60.0  # seconds of the time budget kept for the host-cost measurement
 PROGRESS_S = 5.0  # replay_steps.csv and the summary are rewritten at least this often
 ALARM_GRACE_S = 15.0  # past the budget by this much, SIGALRM interrupts whatever runs (graph capture included)
-VARLEN_MIN_S = 60.0  # the gdn_prefill_varlen table runs only with this much of the budget left
+VARLEN_RESERVE_S = 60.0  # seconds of the time budget kept for the gdn_prefill_varlen table (after host.csv)
 CHECK_TOLERANCE = 2e-2  # relative L2 between modes: bf16 rounding differs with the padded GEMM shapes
-# The summary compares every step against its synchronous time: the async-scheduling timing of
-# replays before the fix in time_step_async (round 3, commit 045256b) did not wait for the GPU
-# (about 3 ms for every full-graph step), so it is kept in the CSV but compared against nothing.
-MEASURED = "measured_sync_us"
+# The summary compares every step against the time the simulator priced it as: the async
+# scheduling period where the run used it (vLLM's default with MTP), else the synchronous time.
+MEASURED = "measured_us"
 MEASURED_NOTE = {
-    "measured_sync_us": "synchronous step: host prep to sampled tokens on the host, median of --reps after warm-up; "
-                        "measured_async_us is not used (invalid before the time_step_async fix: it missed the "
-                        "GPU time of full-graph steps)",
+    "measured_us": "the step as the run was simulated: async-scheduling steady state (period between consecutive "
+                   "steps' tokens on the host, the next step prepared and launched meanwhile) for runs with "
+                   "engine.async_scheduling, else the synchronous time",
+    "measured_sync_us": "synchronous step: host prep to sampled tokens on the host, median of --reps after warm-up",
     "measured_async_us": "async-scheduling steady state: period between consecutive steps' tokens on the host",
 }
-ASYNC_MIN_STEPS = 4  # pipelined steps per async timing, whatever --reps: the period needs 3 intervals
+ASYNC_STEPS = 4  # pipelined steps per async timing of a short step: the period over 3 intervals
+ASYNC_WORK_S = 0.15  # a longer step gets fewer pipelined steps (at least 2: one interval of >= 75 ms)
+
+
+def async_steps(sync_us: float) -> int:
+    """Pipelined steps for the async timing of a step whose synchronous time is sync_us: about
+    ASYNC_WORK_S of steps, between 2 and ASYNC_STEPS (long mixed steps cost the budget most)."""
+    return max(2, min(ASYNC_STEPS, round(ASYNC_WORK_S * 1e6 / max(sync_us, 1.0))))
 
 
 # ------------------------------------------------------------------ summaries (pure Python)
 def errors(rows: Sequence[dict], pred: str = "predicted_us", measured: str | None = None) -> dict:
     """n, median and p90 absolute percentage error, and bias (mean signed % error) of `pred` vs
-    `measured` (default MEASURED: the synchronous step time)."""
+    `measured` (default MEASURED: the step as the run was simulated)."""
     m = measured or MEASURED
     rel = [(r[pred] - r[m]) / r[m] for r in rows if _num(r.get(pred)) and _num(r.get(m)) and r[m] > 0]
     if not rel:
@@ -137,6 +146,28 @@ def sample(n_steps: int, quota: int | None) -> list[int]:
     return sorted({round(i * (n_steps - 1) / (quota - 1)) for i in range(quota)})
 
 
+def pick(kinds: Sequence[str], quota: int | None) -> list[int]:
+    """Indices of at most `quota` of a run's steps (every step without a quota), in replay order.
+
+    The quota is shared equally among the step kinds present, smallest kind first (a kind with
+    fewer steps than its share leaves the rest to the others); each kind's steps are spread evenly
+    over the run (`sample`). The order interleaves the kinds in proportion to their counts, each
+    in van der Corput order (`spread_order`), so a replay cut short still has every kind, each
+    from the run's start, middle and end."""
+    by: dict[str, list[int]] = {}
+    for i, k in enumerate(kinds):
+        by.setdefault(k, []).append(i)
+    left = len(kinds) if quota is None else min(quota, len(kinds))
+    todo = sorted(by, key=lambda k: (len(by[k]), k))
+    keyed: list[tuple[float, int]] = []
+    for j, k in enumerate(todo):
+        share = min(len(by[k]), left // (len(todo) - j))
+        left -= share
+        chosen = [by[k][i] for i in sample(len(by[k]), share)]
+        keyed += [((r + 0.5) / len(chosen), chosen[i]) for r, i in enumerate(spread_order(len(chosen)))]
+    return [i for _, i in sorted(keyed)]
+
+
 def spread_order(n: int) -> list[int]:
     """0..n-1 in van der Corput order: every prefix is spread over the whole run, so a replay
     cut short by its time budget still samples the run's start, middle and end."""
@@ -172,6 +203,7 @@ class Run:
     model: ModelConfig
     policy: PolicyConfig
     engine: EngineConfig
+    smoke: bool = False  # --smoke: synthetic steps of every kind instead of traced ones
 
 
 def load_run(path: Path) -> Run:
@@ -254,17 +286,17 @@ def time_step(ex: object, reqs: Sequence, flush: bool, reps: int, warmup: int,
     return ts, out
 
 
-def time_step_async(ex: object, reqs: Sequence, flush: bool, reps: int, end: float | None = None) -> float:
+def time_step_async(ex: object, reqs: Sequence, flush: bool, steps: int, end: float | None = None) -> float:
     """Wall time (us) per step in vLLM's async scheduling steady state: the host prepares and
     launches step N+1 while the GPU runs step N, then waits for step N's tokens.
 
     The period between consecutive steps' tokens reaching the host (`finish` returning), over
-    max(reps, ASYNC_MIN_STEPS) pipelined steps: max(host prep + launch, GPU time) in steady
+    max(steps, 2) pipelined steps: max(host prep + launch, GPU time) in steady
     state; every launched step is waited for. (The
     version before this one timed one prepare/launch/finish after a gc.collect() during which the
     previous step's GPU work had already finished, and never waited for the step it launched:
     it measured the host launch alone, ~3 ms for every full-graph step.)"""
-    k = max(reps, ASYNC_MIN_STEPS, 2)  # at least one interval
+    k = max(steps, 2)  # at least one interval
     gc_was = gc.isenabled()
     gc.disable()
     try:
@@ -361,10 +393,12 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
            time_budget_s: float | None = None, reps: int = 3, warmup: int = 1, mode: str = "vllm",
            kv_pool_gb: float = 24.0, host: bool = True, model_name: str | None = None,
            policy_name: str = "store_all", device: str = "cuda", commit: str | None = None,
-           shapes: object | None = None, kinds: list[str] | None = None,
+           shapes: object | None = None, kinds: list[str] | None = None, resume: Path | None = None,
            log: Callable[[str], None] = print) -> int:
     """Replay every run (or --smoke's synthetic steps); returns the exit status. `shapes` and
-    `kinds` (layer types in order) override the model's (tiny CPU tests)."""
+    `kinds` (layer types in order) override the model's (tiny CPU tests). `resume`: a previous
+    replay's <out>/<model> folder, whose rows are kept (those steps are not replayed again) and
+    whose provenance parts are carried over."""
     import torch
 
     from calibrate import host as H
@@ -388,7 +422,7 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
         name = model_name or (runs[0].model.name if runs else "qwen3.5-35b-a3b")
         model = load_model(name)
         engine = EngineConfig(max_num_seqs=hw.max_num_seqs, max_num_batched_tokens=hw.max_num_batched_tokens)
-        runs = [Run("smoke", {}, [], model, load_policy(policy_name), engine)]
+        runs = [Run("smoke", {}, [], model, load_policy(policy_name), engine, smoke=True)]
     models = {r.model.name for r in runs}
     if len(models) > 1:
         raise SystemExit(f"calibrate replay: --steps files mix models {sorted(models)}; replay one model per call")
@@ -408,10 +442,14 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
         log(f"weights: {torch.cuda.memory_allocated() / 2**30 if dev.type == 'cuda' else 0:.1f} GiB in "
             f"{time.perf_counter() - tw:.1f} s")
         quota = None if max_steps is None else max(1, max_steps // len(runs))
-        for run in runs:  # only the sampled steps are sized for, priced and replayed
-            run.steps = [run.steps[i] for i in sample(len(run.steps), quota)]
+        rows: list[dict] = read_replay_rows(resume / "replay_steps.csv") if resume else []
+        done = {(r["run"], int(r["step"])) for r in rows}
+        for run in runs:  # only the picked steps are sized for, priced and replayed, in replay order
+            run.steps = [run.steps[i] for i in pick([s.kind for s in run.steps], quota)
+                         if (run.name, run.steps[i].step) not in done]
+        if resume:
+            log(f"resume: {len(rows)} steps kept from {resume}; {sum(len(r.steps) for r in runs)} still to replay")
         freeze_heap()
-        rows: list[dict] = []
         checks: list[dict] = []
         host_rows: list[dict] = []
         varlen_rows: list[dict] = []
@@ -428,7 +466,9 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
             key = (seqs, tokens, step_shape(model, pol, seqs, tokens)[:3],
                    block_layout(model, pol, 1 << 40).attn_block_tokens)
             groups.setdefault(key, []).append(run)
-        host_reserve = (HOST_RESERVE_S / 3 if smoke else HOST_RESERVE_S) if host and dev.type == "cuda" else 0.0
+        varlen = "gdn" in kinds and not smoke
+        host_reserve = ((HOST_RESERVE_S / 3 if smoke else HOST_RESERVE_S) + (VARLEN_RESERVE_S if varlen else 0.0)
+                        if host and dev.type == "cuda" else 0.0)
         # Backstop past the budget plus its grace: a KeyboardInterrupt wherever it is (outputs kept).
         alarm = arm_alarm(None if time_budget_s is None else time_budget_s - (time.perf_counter() - t0))
         try:
@@ -484,11 +524,9 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                     except Exception as e:
                         errors_.append(f"host: {type(e).__name__}: {e}")
                         log(f"host FAILED: {traceback.format_exc()}")
-                    spent = time.perf_counter() - t0
-                    if "gdn" in kinds and ex.chunk_fn is not None and not smoke and \
-                            (time_budget_s is None or time_budget_s - spent > VARLEN_MIN_S):
+                    if varlen and ex.chunk_fn is not None and (hard_end is None or time.perf_counter() < hard_end):
                         try:
-                            varlen_rows = gdn_prefill_varlen_table(ex, hw, log)
+                            varlen_rows = gdn_prefill_varlen_table(ex, hw, log, end=hard_end)
                         except Exception as e:
                             errors_.append(f"gdn_prefill_varlen: {type(e).__name__}: {e}")
                             log(f"gdn_prefill_varlen FAILED: {traceback.format_exc()}")
@@ -511,11 +549,15 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
     if varlen_rows:
         write_csv(mdir / "gdn_prefill_varlen.csv", varlen_rows, SEQS_COLUMNS)
     part = {**env, "git_commit": commit, "command": " ".join(sys.argv), "job": "replay", "mode": mode,
-            "smoke": smoke, "runs": [r.name for r in runs], "steps_replayed": len(rows), "reps": reps,
+            "smoke": smoke, "runs": [r.name for r in runs], "steps_replayed": len(rows) - len(done),
+            "steps_resumed": len(done), "reps": reps,
             "warmup": warmup, "kernels": kernels, "host_policy": host_policy, "errors": errors_,
             "wall_s": round(time.perf_counter() - t0, 1)}
     part["device_time_s"] = part["wall_s"]
     prov = provenance.read(mdir / "provenance.json")
+    if resume:
+        old = provenance.read(resume / "provenance.json").get("parts", [])
+        prov["parts"] = [p for p in old if p not in prov.get("parts", [])] + prov.get("parts", [])
     prov.setdefault("parts", []).append(part)
     provenance.write(mdir / "provenance.json", {"model": model.name, **prov})
     log(f"replay: {len(rows)} steps, {len(errors_)} problems, {part['wall_s']} s; wrote {mdir}")
@@ -528,14 +570,14 @@ def replay_run(ex: object, run: Run, reps: int, warmup: int, end: float | None, 
                on_progress: Callable[[], None]) -> None:
     """Time the sampled steps of one run (synthetic steps of every kind for --smoke) until `end`,
     appending a row per step to `rows`."""
-    if run.steps:
+    if run.smoke:
+        synthetic = [(_synthetic_traced(reqs, j), False)
+                     for j, (_, reqs) in enumerate(synthetic_steps(ex.positions, ex.depth, ex.sizes))]
+        steps = [synthetic[i] for i in spread_order(len(synthetic))]
+    else:  # in pick()'s order; none left when a --resume already holds them all
         steps = [(s, flushes(s)) for s in run.steps]
-    else:
-        steps = [(_synthetic_traced(reqs, j), False)
-                 for j, (_, reqs) in enumerate(synthetic_steps(ex.positions, ex.depth, ex.sizes))]
-    old = old_pricer(run, gpu, log) if run.steps else None
+    old = old_pricer(run, gpu, log) if steps and not run.smoke else None
     tr = time.perf_counter()
-    steps = [steps[i] for i in spread_order(len(steps))]
     last_write = time.perf_counter()
     for j, (step, flush) in enumerate(steps):
         if end is not None and time.perf_counter() > end:
@@ -544,7 +586,7 @@ def replay_run(ex: object, run: Run, reps: int, warmup: int, end: float | None, 
             break
         try:
             ts, o = time_step(ex, step.requests, flush, reps, warmup, end)
-            async_us = time_step_async(ex, step.requests, flush, reps, end)
+            async_us = time_step_async(ex, step.requests, flush, async_steps(statistics.median(ts)), end)
         except BudgetSpent:
             errors_.append(f"{run.name}: stopped inside step {j + 1} of {len(steps)}, time budget")
             log(f"  time budget: stopping {run.name} inside step {j + 1} of {len(steps)}")
@@ -562,7 +604,7 @@ def replay_run(ex: object, run: Run, reps: int, warmup: int, end: float | None, 
                "context_tokens": sum(r.context for r in step.requests),
                "measured_us": async_us if run.meta.get("engine", {}).get("async_scheduling") else statistics.median(ts),
                "measured_sync_us": statistics.median(ts), "measured_async_us": async_us,
-               "measured_p10_us": q[0], "measured_p90_us": q[-1],
+               "measured_sync_min_us": q[0], "measured_sync_max_us": q[-1],
                "reps": len(ts), "predicted_us": step.predicted_us,
                "old_predicted_us": old(step) if old else math.nan,
                **{f"pred_{k}": v for k, v in step.terms_us.items()}}

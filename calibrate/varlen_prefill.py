@@ -11,6 +11,7 @@ Rows: core.tables.SEQS_COLUMNS, mode "graph".
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Callable
 
 from core.config import HardwareConfig
@@ -22,7 +23,8 @@ FLA_CHUNK = 64  # fla's chunk: each sequence is padded up to a multiple inside t
 
 
 def gdn_prefill_varlen_table(ex: object, hw: HardwareConfig, log: Callable[[str], None] = print,
-                             reps: int = 10) -> list[dict]:
+                             reps: int = 10, end: float | None = None) -> list[dict]:
+    """The table's rows, stopping (with the points measured so far) once time.perf_counter() passes `end`."""
     from calibrate.host import cycles_per_us, gpu_times
     from sim.step_trace import TracedRequest as R
 
@@ -32,6 +34,9 @@ def gdn_prefill_varlen_table(ex: object, hw: HardwareConfig, log: Callable[[str]
     rows = []
     for tokens in (t for t in TOKENS if t <= ex.max_tokens - 256):
         for seqs in (q for q in SEQS if q * 8 <= tokens and q <= ex.max_step_requests):
+            if end is not None and time.perf_counter() > end:
+                log(f"  gdn_prefill_varlen: time budget spent, {len(rows)} points")
+                return rows
             per = tokens // seqs
             st = ex.prepare([R(1000 + k, per, CONTEXT, (), 0) for k in range(seqs)], mode="eager")
 

@@ -41,6 +41,10 @@ def test_residual_is_added_in_the_reduction(cfg):
     res = torch.randn(7, 40).to(torch.bfloat16)
     out = FM.fused_moe(**x, config=cfg, residual=res)
     assert rel_err(out.double() - res.double(), fused_moe_ref(**x)) < BF16_TOL
+    # in place (the executor's residual stream): out is the residual itself, same result
+    stream = res.clone()
+    got = FM.fused_moe(**x, config=cfg, residual=stream, out=stream)
+    assert got is stream and torch.equal(stream, out)
 
 
 def test_sorted_and_unsorted_agree_bitwise():

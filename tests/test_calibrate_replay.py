@@ -17,8 +17,8 @@ CHAIN = (1, 1, 1)
 
 
 def _row(kind: str, measured: float, predicted: float, run: str = "a", old: float = math.nan) -> dict:
-    # measured_us / measured_async_us: a broken async timing the summary must not compare against
-    return {"run": run, "kind": kind, "measured_us": 1.0, "measured_async_us": 1.0, "measured_sync_us": measured,
+    # measured_sync_us: another timing of the step, which the summary must not compare against by default
+    return {"run": run, "kind": kind, "measured_us": measured, "measured_async_us": measured, "measured_sync_us": 1.0,
             "predicted_us": predicted, "old_predicted_us": old}
 
 
@@ -26,7 +26,7 @@ def test_summary_errors_per_kind_and_sums():
     rows = [_row("uniform_decode", 100, 110), _row("uniform_decode", 100, 95), _row("uniform_decode", 200, 200),
             _row("mixed_eager", 1000, 500, run="b", old=2000)]
     s = RP.summarize(rows)
-    assert s["compared_against"] == "measured_sync_us" and "synchronous" in s["compared_against_note"]
+    assert s["compared_against"] == "measured_us" and "async" in s["compared_against_note"]
     assert s["uniform_decode"] == {"n": 3, "median_ape": 5.0, "p90_ape": 10.0, "bias": round(100 * 0.05 / 3, 3)}
     assert s["mixed_eager"]["median_ape"] == 50.0 and s["mixed_eager"]["bias"] == -50.0
     assert s["mixed_graph"] == {"n": 0, "median_ape": None, "p90_ape": None, "bias": None}
@@ -36,8 +36,8 @@ def test_summary_errors_per_kind_and_sums():
 
 
 def test_summary_can_compare_against_another_measurement():
-    s = RP.summarize([_row("uniform_decode", 100, 110)], measured="measured_async_us")
-    assert s["compared_against"] == "measured_async_us" and s["uniform_decode"]["median_ape"] == 10900.0
+    s = RP.summarize([_row("uniform_decode", 100, 110)], measured="measured_sync_us")
+    assert s["compared_against"] == "measured_sync_us" and s["uniform_decode"]["median_ape"] == 10900.0
 
 
 class FakeGPU:
@@ -73,9 +73,14 @@ def test_async_timing_is_the_steady_state_period_gpu_time_included(host_s, gpu_s
     # finish, and the step launched inside the timer was never waited for: ~host time only.
     monkeypatch.setattr(RP.gc, "collect", lambda *a: time.sleep(0.05))
     ex = FakeGPU(host_s, gpu_s)
-    us = RP.time_step_async(ex, [], False, reps=1)
+    us = RP.time_step_async(ex, [], False, steps=4)
     assert 0.9 * max(host_s, gpu_s) * 1e6 <= us <= 1.5 * max(host_s, gpu_s) * 1e6
-    assert ex.launched == ex.finished == RP.ASYNC_MIN_STEPS + 1  # every launched step waited for
+    assert ex.launched == ex.finished == 4 + 1  # every launched step waited for
+
+
+def test_long_steps_get_fewer_pipelined_steps():
+    assert RP.async_steps(10_000) == RP.ASYNC_STEPS and RP.async_steps(50_000) == 3
+    assert RP.async_steps(150_000) == RP.async_steps(1e7) == 2
 
 
 def test_the_budget_is_checked_inside_a_step():
@@ -83,7 +88,7 @@ def test_the_budget_is_checked_inside_a_step():
     with pytest.raises(RP.BudgetSpent):
         RP.time_step(ex, [], False, reps=3, warmup=1, end=time.perf_counter() - 1)
     with pytest.raises(RP.BudgetSpent):
-        RP.time_step_async(ex, [], False, reps=3, end=time.perf_counter() + 0.003)
+        RP.time_step_async(ex, [], False, steps=3, end=time.perf_counter() + 0.003)
     ts, _ = RP.time_step(ex, [], False, reps=2, warmup=0, end=time.perf_counter() + 10)
     assert len(ts) == 2
 
@@ -116,6 +121,21 @@ def test_sample_spreads_over_the_run():
     assert RP.sample(3, 10) == [0, 1, 2]
 
 
+def test_pick_shares_the_quota_among_kinds_and_interleaves_them():
+    kinds = ["p"] + ["d"] * 80 + ["m"] * 15 + ["d"] * 100 + ["e"] * 4
+    order = RP.pick(kinds, 40)
+    got = [kinds[i] for i in order]
+    # equal shares, smallest kind first: p 1, e 4, then m 15 and d the other 20
+    assert len(order) == len(set(order)) == 40
+    assert {k: got.count(k) for k in "pedm"} == {"p": 1, "e": 4, "d": 20, "m": 15}
+    # any prefix holds each kind in proportion: the first 10 already have d, m and e
+    assert {"d", "m", "e"} <= set(got[:10])
+    d = sorted(i for i in order if kinds[i] == "d")
+    assert d[0] == 1 and d[-1] == 195  # the decodes span the run
+    assert sorted(RP.pick(kinds, None)) == list(range(len(kinds)))
+    assert RP.pick(["d"] * 5, 3) and sorted(RP.pick(["d"] * 5, 3)) == [0, 2, 4]
+
+
 def test_spread_order_covers_the_run_from_any_prefix():
     for n in (1, 2, 7, 100):
         order = RP.spread_order(n)
@@ -136,7 +156,7 @@ def test_host_ops_are_the_simulators():
 
 
 def test_tiny_replay_writes_steps_summary_and_provenance(tmp_path, monkeypatch):
-    monkeypatch.setattr(RP, "ASYNC_MIN_STEPS", 2)  # interpreted Triton on the CPU: seconds a step
+    monkeypatch.setattr(RP, "ASYNC_STEPS", 2)  # interpreted Triton on the CPU: seconds a step
     run = tmp_path / "c1"
     run.mkdir()
     meta = RunConfig(policy="replay", engine=EngineConfig(max_num_seqs=8, max_num_batched_tokens=64)).model_dump(
@@ -158,6 +178,13 @@ def test_tiny_replay_writes_steps_summary_and_provenance(tmp_path, monkeypatch):
     part = json.loads((mdir / "provenance.json").read_text())["parts"][-1]
     assert part["job"] == "replay" and part["steps_replayed"] == 2
     assert part["kernels"]["replay"]["verify"].endswith("replay")
+    # --resume: the rows are kept, their steps not replayed again, the provenance parts carried over
+    rc = RP.replay([run / "steps.csv"], "h200", tmp_path / "again", reps=1, warmup=0, device="cpu", shapes=TINY,
+                   kinds=["gdn", "attn"], resume=mdir, log=lambda _: None)
+    again = tmp_path / "again" / "qwen3.5-35b-a3b"
+    assert rc == 0 and RP.read_replay_rows(again / "replay_steps.csv") == rows
+    parts = json.loads((again / "provenance.json").read_text())["parts"]
+    assert len(parts) == 2 and parts[0] == part and (parts[1]["steps_replayed"], parts[1]["steps_resumed"]) == (0, 2)
 
 
 @pytest.mark.parametrize("args, message", [

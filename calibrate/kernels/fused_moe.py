@@ -276,18 +276,20 @@ def _check(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w2: torch
 
 def fused_moe(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int,
               shared_w13: torch.Tensor | None, shared_w2: torch.Tensor | None, shared_gate_w: torch.Tensor | None,
-              config: MoEConfig | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+              config: MoEConfig | None = None, residual: torch.Tensor | None = None,
+              out: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, hidden] bf16; router_w [E, hidden]; w13 [E, 2I, hidden] (gate rows, then up); w2 [E, hidden, I];
     shared_* (width I, gate [1, hidden]) or all None. Softmax top-k routing renormalised over the k
     (Qwen3.5's norm_topk_prob), SiLU(gate) * up, shared expert times sigmoid(x . shared_gate_w).
     Returns [T, hidden] in x's dtype; plus `residual` [T, hidden] when given (added in the final
-    reduction, saving the layer a pass)."""
+    reduction, saving the layer a pass), into `out` when given: it may be `residual` itself (each
+    element is read before the same program writes it), so the residual stream is updated in place."""
     _check(x, router_w, w13, w2, top_k, (shared_w13, shared_w2, shared_gate_w))
     T, H = x.shape
     if residual is not None and (residual.shape != x.shape or not residual.is_contiguous()):
         raise ValueError(f"fused_moe: residual {tuple(residual.shape)} must be contiguous and match x {tuple(x.shape)}")
     if T == 0:
-        return torch.empty_like(x) if residual is None else residual.clone()
+        return (torch.empty_like(x) if residual is None else residual.clone()) if out is None else out
     E, I = w13.shape[0], w13.shape[1] // 2
     has_shared = shared_w13 is not None
     NP = top_k + int(has_shared)
@@ -346,7 +348,10 @@ def fused_moe(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w2: to
         E=E, SORTED=cfg.sorted, GROUP_M=cfg.group_m,
         BLOCK_M=cfg.block_m, BLOCK_N=dn, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    out = torch.empty_like(x)
+    if out is None:
+        out = torch.empty_like(x)
+    elif out.shape != x.shape or not out.is_contiguous():
+        raise ValueError(f"fused_moe: out {tuple(out.shape)} must be contiguous and match x {tuple(x.shape)}")
     _combine_kernel[(T, triton.cdiv(H, 1024))](y, residual if residual is not None else x, out, T, H, NP=NP,
                                               HAS_RES=residual is not None, BLOCK_H=1024)
     return out

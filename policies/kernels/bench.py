@@ -99,15 +99,15 @@ class Case:
         return max(d)
 
 
-def cases(quick: bool, dtypes: tuple[str, ...] = ("float32",)) -> list[Case]:
-    """Smallest batches first, both models and state dtypes per batch: a run cut by --budget-s
-    loses the largest B. Quick: B = 128 (the targets) before B = 1."""
-    return [dataclasses.replace(c, state_dtype=d) for c in _cases(quick) for d in dtypes]
+def cases(quick: bool, dtypes: tuple[str, ...] = ("float32",), batches: tuple[int, ...] = BATCHES) -> list[Case]:
+    """Batches in the order given (smallest first by default), both models and state dtypes per
+    batch: a run cut by --budget-s loses the last B. Quick: B = 128 (the targets) before B = 1."""
+    return [dataclasses.replace(c, state_dtype=d) for c in _cases(quick, batches) for d in dtypes]
 
 
-def _cases(quick: bool) -> list[Case]:
+def _cases(quick: bool, batches: tuple[int, ...] = BATCHES) -> list[Case]:
     out = []
-    for B in ((128, 1) if quick else BATCHES):
+    for B in ((128, 1) if quick else batches):
         if REHEARSAL and B > 2:
             B = 2 if B == 64 else 3  # toy batches; keep 64 and 128 apart for the store_all reference
 
@@ -698,6 +698,12 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated policies to time (default: all of {','.join(POLICIES)}; empty: none)")
     ap.add_argument("--state-dtype", default="float32",
                     help=f"comma-separated state dtypes of the main table ({','.join(STATE_DTYPES)})")
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)),
+                    help="comma-separated batch sizes of the main table, in the order they run (a --budget-s cut "
+                         "loses the last)")
+    ap.add_argument("--modes", default="graph,eager",
+                    help="comma-separated timing modes of the main table: graph (CUDA-graph replay: what the "
+                         "pipeline pricing reads), eager (the old eager-sum pricing)")
     ap.add_argument("--tuning", default="",
                     help="kernel choice for the whole run, e.g. 'verify_bv=16,verify_warps=2' (fields of treewy.Tuning)")
     ap.add_argument("--variants", default="",
@@ -754,6 +760,15 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = tuple(d.strip() for d in args.state_dtype.split(",") if d.strip())
     if not dtypes or any(d not in STATE_DTYPES for d in dtypes):
         ap.error(f"--state-dtype takes a comma-separated subset of {','.join(STATE_DTYPES)}, got {args.state_dtype!r}")
+    try:
+        batches = tuple(int(b) for b in args.batches.split(",") if b.strip())
+    except ValueError:
+        batches = ()
+    if not batches or any(b not in BATCHES for b in batches):
+        ap.error(f"--batches takes a comma-separated subset of {','.join(map(str, BATCHES))}, got {args.batches!r}")
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    if not modes or any(m not in ("graph", "eager") for m in modes):
+        ap.error(f"--modes takes a comma-separated subset of graph,eager, got {args.modes!r}")
     variants = tuple(VARIANTS) if args.variants == "all" else tuple(v for v in args.variants.split(",") if v)
     if any(v not in VARIANTS for v in variants):
         ap.error(f"--variants takes 'all' or a comma-separated subset of {','.join(VARIANTS)}, got {args.variants!r}")
@@ -784,6 +799,7 @@ def main(argv: list[str] | None = None) -> int:
     prov["policies"] = list(policies) + (["store_all (reference: 35B (1,1,1), B 64, 128; (3,3,3), B 128)"]
                                          if args.reference_store_all and "store_all" not in policies else [])
     prov["state_dtypes"] = list(dtypes)
+    prov["batches"], prov["modes"] = list(batches), list(modes)
     prov["tuning"] = treewy.TUNING.label()
     prov_path = args.out / f"{args.stem}_provenance.json"
     skipped: list[str] = []
@@ -812,14 +828,14 @@ def main(argv: list[str] | None = None) -> int:
     with csv_path.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=FIELDS)
         w.writeheader()
-        for c in cases(args.quick, dtypes):
+        for c in cases(args.quick, dtypes, batches):
             if time.time() > deadline:
                 skipped.append(f"{c.model} B={c.B} T={c.T} {c.tree} {c.state_dtype}: not run "
                                f"(time budget {args.budget_s:.0f} s)")
                 continue
             for policy, replayed, flush in policy_variants(c, policies, args.reference_store_all):
                 try:
-                    rows = run_policy(c, policy, replayed, flush, copy_bw)
+                    rows = run_policy(c, policy, replayed, flush, copy_bw, modes=modes)
                 except Exception as exc:  # one failing case is logged; the rest still run
                     print(f"FAILED {policy} {c}: {type(exc).__name__}: {exc}", flush=True)
                     skipped.append(f"{c.model} {policy} B={c.B} T={c.T} {c.state_dtype}: {type(exc).__name__}: {exc}")
