@@ -341,7 +341,7 @@ class Executor:
                            "dec_rows": R * T, "dec_back": N, "pf_cu": R + 1, "pf_slots": R,
                            "d_positions": k * R, "d_slots": k * R}, torch.int64, d)
         self.i32 = Packed({"seq_lens": R, "cu_q": R + 1, "tables": R * self.table_width, "parent": R * T,
-                           "lengths": R, "accepted": R, "pf_init": R, "d_seq_lens": k * R, "d_cu": R + 1},
+                           "lengths": R, "accepted": R, "replayed": R, "pf_init": R, "d_seq_lens": k * R, "d_cu": R + 1},
                           torch.int32, d)
         z = dict(device=d, dtype=L.BF16)
         self.x = torch.zeros(N, s.hidden, **z)  # the target's residual stream
@@ -478,6 +478,12 @@ class Executor:
                     par[b, :len(p)] = p
                     h32("lengths")[b] = len(p)
             h32("accepted")[:Br] = [accepted_node(t, r.accepted) for t, r in zip(trees, lay.order[:B])] + [0] * (Br - B)
+            if self.rs:
+                # The replay caches hold what the trace says (`replayed` accepted tokens, at most what
+                # leaves room for this step's path): a step repeated for timing must not grow them
+                # past their capacity (a cache root past it makes the tree's parents a cycle).
+                room = self.rs[next(iter(self.rs))].capacity - (self.tree.depth + 1)
+                h32("replayed")[:Br] = np.minimum([r.replayed for r in lay.order[:B]] + [0] * (Br - B), room)
         ragged = B > 0 and not full and not bool((lay.q_lens[:B] == T).all())
         if ragged:
             # Pad each decode to T positions (padding reads its root row), and the way back.
@@ -625,6 +631,9 @@ class Executor:
             # The kernel flushes on the flush_interval-th commit; the step's flush flag decides.
             steps = self.policy.flush_interval - 1 if st.flush else 0
             rs, rcs = self.rs[i], self.rcs[i]
+            replayed = self.i32.d("replayed", B)
+            rs.count[1:B + 1].copy_(replayed)
+            rcs.count[1:B + 1].copy_(replayed)
             state = replace(rs, state=rs.state[1:B + 1], k=rs.k[1:B + 1], v=rs.v[1:B + 1], g=rs.g[1:B + 1],
                             beta=rs.beta[1:B + 1], count=rs.count[1:B + 1], steps=steps)
             conv_state = replace(rcs, conv_state=rcs.conv_state[1:B + 1], x=rcs.x[1:B + 1],

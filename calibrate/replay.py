@@ -366,8 +366,8 @@ def check_modes(ex: object, log: Callable[[str], None]) -> list[dict]:
                 row["tokens_equal"] = round(sum(a == b for a, b in zip(out.tokens, ref[1])) / len(ref[1]), 3)
             row["ok"] = row["finite"] and row.get("rel_err", 0.0) <= CHECK_TOLERANCE
             results.append(row)
-            log(f"  check {kind} {mode} ({out.mode}): finite {row['finite']}, rel err {row.get('rel_err', 0):.2e}"
-                f"{'' if row['ok'] else '  FAILED'}")
+            log(f"  check {kind} {mode} ({out.mode}): finite {row['finite']}, rel err {row.get('rel_err', 0):.2e}, "
+                f"tokens equal {row.get('tokens_equal', 1.0):.3f}{'' if row['ok'] else '  FAILED'}")
         ex.restore(saved)
     return results
 
@@ -404,7 +404,6 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
     from calibrate import host as H
     from calibrate.varlen_prefill import gdn_prefill_varlen_table
     from sim.step_trace import step_shape
-    from core.tables import SEQS_COLUMNS
     from calibrate import provenance
     from calibrate.executor import Executor, Weights
     from calibrate.shapes import LayerShapes
@@ -503,19 +502,9 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                     except Exception as e:
                         errors_.append(f"check: {type(e).__name__}: {e}")
                         log(f"check FAILED: {traceback.format_exc()}")
-                group_end = None if left is None else time.perf_counter() + left / (len(groups) - gi)
-                for k, run in enumerate(group):
-                    end = None if group_end is None else \
-                        time.perf_counter() + (group_end - time.perf_counter()) / (len(group) - k)
-                    if hard_end is not None:  # never past the global budget, whatever the split says
-                        end = min(end, hard_end - reserve)
-                    ex.use_policy(run.policy)
-                    kernels[run.policy.name] = ex.kernel_sources()
-                    log(f"[{run.name}] policy {run.policy.name}: kernels {kernels[run.policy.name]}")
-                    replay_run(ex, run, reps, warmup, end, gpu, rows, errors_, log,
-                               on_progress=lambda: write_outputs(mdir, rows))
                 if reserve:
-                    # host.csv has no policy axis: measured under vLLM's default (store_all) where replayed.
+                    # Before the steps, so a replay cut short still has them. host.csv has no policy axis:
+                    # measured under vLLM's default (store_all) where replayed.
                     ex.use_policy(next((r.policy for r in group if r.policy.mamba_state_commit == "store_all"),
                                        group[0].policy))
                     host_policy = ex.policy.name
@@ -524,12 +513,26 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                     except Exception as e:
                         errors_.append(f"host: {type(e).__name__}: {e}")
                         log(f"host FAILED: {traceback.format_exc()}")
-                    if varlen and ex.chunk_fn is not None and (hard_end is None or time.perf_counter() < hard_end):
+                    if varlen and ex.chunk_fn is not None:
                         try:
-                            varlen_rows = gdn_prefill_varlen_table(ex, hw, log, end=hard_end)
+                            varlen_rows = gdn_prefill_varlen_table(ex, hw, log,
+                                                                   end=time.perf_counter() + VARLEN_RESERVE_S)
                         except Exception as e:
                             errors_.append(f"gdn_prefill_varlen: {type(e).__name__}: {e}")
                             log(f"gdn_prefill_varlen FAILED: {traceback.format_exc()}")
+                    write_side_tables(mdir, host_rows, varlen_rows)
+                    left = None if time_budget_s is None else time_budget_s - (time.perf_counter() - t0)
+                group_end = None if left is None else time.perf_counter() + left / (len(groups) - gi)
+                for k, run in enumerate(group):
+                    end = None if group_end is None else \
+                        time.perf_counter() + (group_end - time.perf_counter()) / (len(group) - k)
+                    if hard_end is not None:  # never past the global budget, whatever the split says
+                        end = min(end, hard_end)
+                    ex.use_policy(run.policy)
+                    kernels[run.policy.name] = ex.kernel_sources()
+                    log(f"[{run.name}] policy {run.policy.name}: kernels {kernels[run.policy.name]}")
+                    replay_run(ex, run, reps, warmup, end, gpu, rows, errors_, log,
+                               on_progress=lambda: write_outputs(mdir, rows))
                 if ex.graphs is not None:
                     log(f"[executor {gi + 1}] {len(ex.graphs)} graphs captured in {ex.graphs.capture_s:.1f} s")
                 del ex
@@ -544,10 +547,7 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
             alarm()
     write_outputs(mdir, rows)
     provenance.write(mdir / "replay_check.json", {"tolerance": CHECK_TOLERANCE, "cases": checks})
-    if host_rows:
-        write_csv(mdir / "host.csv", host_rows, H.COLUMNS)
-    if varlen_rows:
-        write_csv(mdir / "gdn_prefill_varlen.csv", varlen_rows, SEQS_COLUMNS)
+    write_side_tables(mdir, host_rows, varlen_rows)
     part = {**env, "git_commit": commit, "command": " ".join(sys.argv), "job": "replay", "mode": mode,
             "smoke": smoke, "runs": [r.name for r in runs], "steps_replayed": len(rows) - len(done),
             "steps_resumed": len(done), "reps": reps,
@@ -652,6 +652,17 @@ def write_outputs(mdir: Path, rows: list[dict]) -> None:
     terms = sorted({k for r in rows for k in r if k.startswith("pred_")})
     write_csv(mdir / "replay_steps.csv", rows, (*BASE_COLUMNS, *terms))
     (mdir / "replay_summary.json").write_text(json.dumps(summarize(rows), indent=2) + "\n")
+
+
+def write_side_tables(mdir: Path, host_rows: list[dict], varlen_rows: list[dict]) -> None:
+    """host.csv and gdn_prefill_varlen.csv, where measured."""
+    from calibrate.host import COLUMNS as HOST
+    from core.tables import SEQS_COLUMNS
+
+    if host_rows:
+        write_csv(mdir / "host.csv", host_rows, HOST)
+    if varlen_rows:
+        write_csv(mdir / "gdn_prefill_varlen.csv", varlen_rows, SEQS_COLUMNS)
 
 
 def _synthetic_traced(reqs: list, i: int) -> object:

@@ -189,3 +189,19 @@ def test_every_gdn_layer_of_a_step_gets_the_same_cu_seqlens_object():
     assert len(seen) == 2 * 3
     assert all(cu is st.pf_cu and cpu is st.pf_cu_cpu for cu, cpu in seen)
     assert st.pf_cu.tolist() == [0, 9, 14]
+
+
+def test_replay_caches_hold_the_traced_count_however_often_a_step_runs():
+    """A step is run many times for timing; the replay policy's caches must stay at the trace's
+    `replayed` count (capped to leave room for the path), never grow past their capacity."""
+    ex = tiny("replay")
+    gdn = ex.kinds.index("gdn")
+    rs, rcs = ex.rs[gdn], ex.rcs[gdn]
+    room = rs.capacity - 4
+    step = [R(1, 0, 20, CHAIN, 3, 5, False), R(2, 0, 9, CHAIN, 2, 10_000, False)]
+    for _ in range(4):
+        ex.run(step)
+        # after the commit each cache holds the traced count plus the path the commit appended
+        assert rs.count[1:3].tolist() == rcs.count[1:3].tolist() == [5 + 3, room + 2]
+        assert int(rs.count.max()) <= rs.capacity
+    assert torch.isfinite(ex.x[:8].float()).all()
