@@ -19,6 +19,7 @@ import tarfile
 from pathlib import Path
 
 from core.config import REPO_ROOT, ConfigError, load_hardware, load_model, load_policy, model_names
+from core.files import atomic_write_text
 from calibrate import provenance
 from calibrate.grid import ALL_JOBS, jobs_for_part
 
@@ -71,6 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--resume", type=Path, default=None, metavar="DIR",
                    help="a previous replay's <out>/<model> folder: its rows are kept and its steps not replayed "
                         "again (its provenance parts are carried over)")
+    r.add_argument("--fit-host", action="store_true",
+                   help="with --summarize: first fit DIR/host_fit.json (host-op group scales, calibrate.host_fit) "
+                        "to DIR/replay_steps.csv, then re-price with it")
     r.add_argument("--summarize", type=Path, default=None, metavar="DIR",
                    help="no GPU: re-price DIR/replay_steps.csv with today's latency model (and the old eager "
                         "sum) from the --steps files, and rewrite DIR/replay_summary.json")
@@ -239,6 +243,8 @@ def _replay(args: argparse.Namespace) -> int:
         raise ConfigError(f"--warmup must be >= 0, got {args.warmup}")
     if not args.steps and not args.smoke:
         raise ConfigError("--steps RUN/steps.csv is required (or --smoke)")
+    if args.fit_host and not args.summarize:
+        raise ConfigError("--fit-host needs --summarize DIR (it fits DIR/host_fit.json to DIR/replay_steps.csv)")
     if args.resume and not (args.resume / "replay_steps.csv").is_file():
         raise ConfigError(f"--resume {args.resume}: no replay_steps.csv there (give a replay's <out>/<model> folder)")
     load_hardware(args.gpu)
@@ -253,6 +259,16 @@ def _replay(args: argparse.Namespace) -> int:
         except StepTraceError as e:
             raise ConfigError(str(e)) from None
         rows = R.read_replay_rows(args.summarize / "replay_steps.csv")
+        if args.fit_host:
+            from calibrate.host_fit import fit_host, prepare_steps, step_evaluator
+            from sim.host_model import HOST_FIT
+
+            try:
+                evaluate = step_evaluator(prepare_steps(rows, runs, args.gpu))
+            except ValueError as e:
+                raise ConfigError(f"--fit-host: {e}") from None
+            fit = fit_host(evaluate, rows, args.summarize / "replay_steps.csv")
+            atomic_write_text(args.summarize / HOST_FIT, json.dumps(fit, indent=2) + "\n")
         R.reprice(rows, runs, args.gpu, print)
         R.write_outputs(args.summarize, rows)
         print(json.dumps(R.summarize(rows), indent=2))

@@ -46,7 +46,7 @@ def holdout(rows: list[dict], name: str, frac: float, rng: np.random.Generator) 
             continue
         held = set(rng.choice(interior, size=k, replace=False).tolist())
         train = [r for r in sel if float(r[spec.axes[0]]) not in held]
-        fit = from_rows(f"{name}[{mode}]", train, spec.axes, spec.scales)
+        fit = from_rows(f"{name}[{mode}]", train, spec.axes, spec.scales, fill_low=spec.fill_low)
         for r in sel:
             if float(r[spec.axes[0]]) in held:
                 pred = fit(*(float(r[a]) for a in spec.axes))

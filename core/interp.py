@@ -173,8 +173,10 @@ def _running_max(vals: list[float], shape: list[int], strides: list[int]) -> lis
 
 
 def from_rows(name: str, rows: Sequence[dict], axis_names: Sequence[str], scales: Sequence[str],
-              value: str = "us", **kw: bool) -> GridInterpolator:
-    """Build from table rows; every combination of the axes' values must be measured once."""
+              value: str = "us", fill_low: str | None = None, **kw: bool) -> GridInterpolator:
+    """Build from table rows; every combination of the axes' values must be measured once, except
+    that along the axis `fill_low` a missing cell takes the first measured value above it (the
+    out-of-grid rule for a value below an axis: an upper bound, by monotonicity)."""
     axes = [sorted({float(r[a]) for r in rows}) for a in axis_names]
     cells: dict[tuple[float, ...], float] = {}
     for r in rows:
@@ -183,6 +185,14 @@ def from_rows(name: str, rows: Sequence[dict], axis_names: Sequence[str], scales
             raise ValueError(f"{name}: duplicate measurement at {dict(zip(axis_names, key))}")
         cells[key] = float(r[value])
     missing = [k for k in product(*axes) if k not in cells]
+    if fill_low is not None and missing:
+        d = list(axis_names).index(fill_low)
+        for k in missing:
+            above = [k[:d] + (x,) + k[d + 1:] for x in axes[d] if x > k[d]]
+            got = next((cells[a] for a in above if a in cells), None)
+            if got is not None:
+                cells[k] = got
+        missing = [k for k in missing if k not in cells]
     if missing:
         raise ValueError(f"{name}: grid is not rectangular; {len(missing)} missing points, e.g. "
                          f"{dict(zip(axis_names, missing[0]))}")

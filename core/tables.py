@@ -23,6 +23,10 @@ class TableSpec:
     scales: tuple[str, ...]  # "log" or "linear" per axis
     what: str
     required: bool = True  # optional tables need a package the GPU image may lack (fla)
+    # An axis along which a table may lack its low cells (gdn_prefill_varlen measures `seqs`
+    # sequences only from 8 x seqs tokens on): each missing cell takes the first measured value
+    # above it along that axis, the module's out-of-grid rule for a value below an axis.
+    fill_low: str | None = None
 
 
 TABLES: dict[str, TableSpec] = {
@@ -34,7 +38,7 @@ TABLES: dict[str, TableSpec] = {
     "lm_head": TableSpec(("tokens",), ("log",), "final norm, LM head and greedy sampling over `tokens` rows"),
     "gdn_prefill": TableSpec(("tokens",), ("log",), "GDN prefill recurrence of one `tokens` chunk: fla's chunk_gated_delta_rule as vLLM calls it", required=False),
     "mtp_fc": TableSpec(("tokens",), ("log",), "MTP drafter input: two norms, concat, fc (the rest of the MTP layer is an attention layer + MoE)"),
-    "gdn_prefill_varlen": TableSpec(("tokens", "seqs"), ("log", "log"), "GDN prefill of one step: ONE varlen conv + fla chunk call over `tokens` prompt tokens of `seqs` sequences (cu_seqlens), as vLLM makes it per layer", required=False),
+    "gdn_prefill_varlen": TableSpec(("tokens", "seqs"), ("log", "log"), "GDN prefill of one step: ONE varlen conv + fla chunk call over `tokens` prompt tokens of `seqs` sequences (cu_seqlens), as vLLM makes it per layer", required=False, fill_low="tokens"),
 }
 
 # Host time to ISSUE one op with the GPU kept busy (Python + launch, not GPU time), measured

@@ -16,12 +16,17 @@ prepares step N+1 and processes step N's outputs while the GPU runs: `step_prepa
 `step_finish` leave the critical path, and the step takes
 max(GPU chain issued from t = 0, all host work of the step).
 
-Host costs come from `host.csv` (measured by `specsim calibrate` on the GPU machine,
-columns core.tables.HOST_COLUMNS); an op it lacks is priced by ANALYTIC_US below and
-labelled 'analytic'.
+Host costs come from `host.csv` (measured by `specsim calibrate replay` on the GPU
+machine, columns core.tables.HOST_COLUMNS); an op it lacks is priced by ANALYTIC_US below
+and labelled 'analytic'. Each op is timed alone, issued again and again behind a busy
+GPU, which overstates what it costs inside a real step (the replay measured mixed steps
+30-40% below the sum of those costs); `host_fit.json` beside host.csv (written by
+`specsim calibrate replay --summarize DIR --fit-host`, calibrate.host_fit) holds one scale
+per group of ops (HOST_GROUPS) fitted to the replayed whole steps, applied on load.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -53,19 +58,36 @@ ANALYTIC_US: dict[str, float] = {
 }
 STEP_OVERHEAD_US = 400.0  # vLLM v1's step loop: a few hundred microseconds of Python (assumed)
 STEP_OPS = ("step_prepare", "step_finish")
+# The groups of ops host_fit.json scales together (each group's ops have the same kind of host
+# work: a varlen prefill's Python, eager dense launches, graph replays, the cores' few launches).
+HOST_GROUPS: dict[str, tuple[str, ...]] = {
+    "prefill": ("gdn_prefill",),
+    "eager": ("eager_dense_gdn", "eager_dense_attn", "eager_moe"),
+    "graph": ("piece_graph", "full_graph", "drafter_pass"),
+    "core": ("attn_core", "gdn_verify", "gdn_commit", "sample"),
+    "step": STEP_OPS,
+}
+HOST_FIT = "host_fit.json"
 
 
 class HostCosts:
     """Host cost per (op, n) in microseconds: measured curves over n where host.csv has the op."""
 
     def __init__(self, curves: dict[str, Curve1D], step_overhead_us: float | None = None, scale: float = 1.0,
-                 step_source: str = "analytic") -> None:
-        """`step_overhead_us`: prepare + finish where host.csv lacks them (`step_source` says whence)."""
+                 step_source: str = "analytic", group_scales: dict[str, float] | None = None) -> None:
+        """`step_overhead_us`: prepare + finish where host.csv lacks them (`step_source` says whence).
+        `group_scales`: a factor per HOST_GROUPS group on the measured curves (host_fit.json)."""
         unknown = sorted(set(curves) - set(HOST_OPS))
         if unknown:
             raise TableError(f"host.csv: unknown ops {unknown}; valid: {', '.join(HOST_OPS)}")
+        bad = sorted(set(group_scales or {}) - set(HOST_GROUPS))
+        if bad:
+            raise TableError(f"{HOST_FIT}: unknown groups {bad}; valid: {', '.join(HOST_GROUPS)}")
         self.curves = curves
         self.scale = scale
+        self.group_scales = dict(group_scales or {})
+        self.op_scale = {op: self.group_scales.get(g, 1.0) for g, ops in HOST_GROUPS.items() for op in ops
+                         if op in curves}
         half = (STEP_OVERHEAD_US if step_overhead_us is None else step_overhead_us) / 2
         self.fixed = {**ANALYTIC_US, "step_prepare": half, "step_finish": half}
         self.sources = {op: "calibrated" if op in curves else step_source if op in STEP_OPS else "analytic"
@@ -73,7 +95,15 @@ class HostCosts:
 
     def us(self, op: str, n: float) -> float:
         c = self.curves.get(op)
-        return (c(max(n, 1.0)) if c is not None else self.fixed[op]) * self.scale
+        if c is None:
+            return self.fixed[op] * self.scale
+        return c(max(n, 1.0)) * self.op_scale.get(op, 1.0) * self.scale
+
+    def with_group_scales(self, group_scales: dict[str, float]) -> "HostCosts":
+        """The same costs under other HOST_GROUPS scales (calibrate.host_fit tries many)."""
+        out = HostCosts(self.curves, None, self.scale, group_scales=group_scales)
+        out.fixed, out.sources = self.fixed, self.sources
+        return out
 
     @property
     def source(self) -> str:
@@ -84,9 +114,14 @@ class HostCosts:
     @classmethod
     def load(cls, path: Path, step_overhead_us: float | None = None, scale: float = 1.0,
              step_source: str = "analytic", extrapolate: bool = True) -> "HostCosts":
-        """From host.csv where it exists, else every op analytic."""
+        """From host.csv where it exists (scaled by host_fit.json beside it, if any), else every op analytic."""
         if not path.exists():
             return cls({}, step_overhead_us, scale, step_source)
+        fit = path.parent / HOST_FIT
+        try:
+            groups = json.loads(fit.read_text())["scales"] if fit.exists() else None
+        except (ValueError, KeyError, TypeError) as e:
+            raise TableError(f"{fit}: {type(e).__name__}: {e} (expected a JSON object with 'scales')") from None
         rows = read_rows(path, HOST_COLUMNS)
         curves = {}
         for op in sorted({str(r["op"]) for r in rows}):
@@ -95,7 +130,7 @@ class HostCosts:
                                        extrapolate=extrapolate).partial()
             except ValueError as e:
                 raise TableError(f"{path}: op {op}: {e}") from None
-        return cls(curves, step_overhead_us, scale, step_source)
+        return cls(curves, step_overhead_us, scale, step_source, groups)
 
 
 def pipeline(ops: Sequence[tuple[float, float, int, int]], prepare_us: float, finish_us: float,

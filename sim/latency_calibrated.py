@@ -338,6 +338,16 @@ class CalibratedLatencyModel:
 
     # ------------------------------------------------------------ pipeline pricing
     def _pipeline(self, b: StepBatch) -> StepTime:
+        us, ops, prepare, finish, cores, host_total = self.pipeline_parts(b)
+        total = pipeline(ops, prepare, finish, self.async_scheduling, cores, host_total)
+        us["overhead"] = max(0.0, total - sum(us.values()))
+        return StepTime({t: us[t] * US for t in TERMS}, b.graph_mode)
+
+    def pipeline_parts(self, b: StepBatch) -> tuple[dict[str, float], list[tuple[float, float, int, int]], float,
+                                                     float, list[float], float]:
+        """GPU us per term (overhead excluded), the ops, prepare and finish host us, the attention
+        cores' us and the ops' host total: sim.host_model.pipeline's arguments (calibrate.host_fit
+        re-runs the pipeline with other host scales)."""
         # The attention cores depend on the contexts; everything else on the batch shape,
         # so that part (terms and the op list) is built once per distinct shape.
         key = (b.graph_mode, b.num_tokens, b.padded_tokens, b.num_seqs, b.decode_seqs, b.spec_seqs,
@@ -356,9 +366,7 @@ class CalibratedLatencyModel:
         us["attention"] += self.model.attn_layers * cores[0]
         if b.draft_depth:
             us["drafter"] += sum(cores)
-        total = pipeline(ops, prepare, finish, self.async_scheduling, cores, host_total)
-        us["overhead"] = max(0.0, total - sum(us.values()))
-        return StepTime({t: us[t] * US for t in TERMS}, b.graph_mode)
+        return us, ops, prepare, finish, cores, host_total
 
     def _pipeline_shape(self, b: StepBatch) -> tuple[dict[str, float], list[tuple[float, float, int, int]], float,
                                                        tuple[int, ...], float, float]:
@@ -488,7 +496,7 @@ def load_tables(mdir: Path, *, extrapolate: bool = True) -> dict[tuple[str, str]
                 raise TableError(f"{mdir / name}.csv: no rows with mode={mode!r}")
             try:
                 out[(name, mode)] = from_rows(f"{mdir.name}/{name}[{mode}]", sel, spec.axes, spec.scales,
-                                              extrapolate=extrapolate)
+                                              fill_low=spec.fill_low, extrapolate=extrapolate)
             except ValueError as e:
                 raise TableError(f"{mdir / name}.csv: {e}") from None
     return out

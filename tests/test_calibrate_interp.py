@@ -88,3 +88,16 @@ def test_rejects_non_rectangular_and_bad_tables():
     with pytest.raises(ValueError, match="times must be positive"):
         GridInterpolator("x", ("B",), ((1, 2),), (0.0, 2.0), ("log",))
     assert math.isclose(GridInterpolator("x", ("B",), ((1, 2),), (1.0, 4.0), ("log",))(math.sqrt(2)), 2.0)
+
+
+def test_fill_low_completes_a_staircase_grid_from_above():
+    # gdn_prefill_varlen: `seqs` sequences are measured only from 8 x seqs tokens on
+    rows = [{"tokens": t, "seqs": s, "us": float(t + 10 * s)} for t in (16, 64, 256) for s in (1, 2, 8) if 8 * s <= t]
+    with pytest.raises(ValueError, match="not rectangular"):
+        from_rows("v", rows, ("tokens", "seqs"), ("log", "log"))
+    g = from_rows("v", rows, ("tokens", "seqs"), ("log", "log"), fill_low="tokens")
+    assert g(16, 8) == pytest.approx(64 + 80)  # the first measured value above it along tokens
+    assert g(64, 8) == pytest.approx(64 + 80) and g(256, 2) == pytest.approx(256 + 20)  # measured cells unchanged
+    # a cell with nothing measured above it along the axis stays missing
+    with pytest.raises(ValueError, match="not rectangular"):
+        from_rows("v", rows[:-1], ("tokens", "seqs"), ("log", "log"), fill_low="tokens")

@@ -84,3 +84,31 @@ def test_bad_host_csv(tmp_path):
     _write(path, [{"op": "attn_core", "n": 1, "us": 3.0}, {"op": "attn_core", "n": 1, "us": 4.0}])
     with pytest.raises(TableError, match="op attn_core: .*duplicate"):
         HostCosts.load(path)
+
+
+def test_host_groups_cover_every_op_once():
+    from core.tables import HOST_OPS
+    from sim.host_model import HOST_GROUPS
+
+    ops_ = [op for group in HOST_GROUPS.values() for op in group]
+    assert sorted(ops_) == sorted(HOST_OPS)
+
+
+def test_host_fit_scales_measured_ops_by_group(tmp_path):
+    import json
+
+    path = tmp_path / "host.csv"
+    _write(path, [{"op": "gdn_prefill", "n": 1, "us": 2000.0}, {"op": "gdn_prefill", "n": 8, "us": 2000.0},
+                  {"op": "attn_core", "n": 1, "us": 200.0}, {"op": "attn_core", "n": 8, "us": 200.0}])
+    (tmp_path / "host_fit.json").write_text(json.dumps({"scales": {"prefill": 0.6, "core": 0.5, "eager": 2.0}}))
+    host = HostCosts.load(path)
+    assert host.us("gdn_prefill", 4) == pytest.approx(1200.0) and host.us("attn_core", 4) == pytest.approx(100.0)
+    # analytic ops (not measured) are not scaled: the fit only knows the measured curves
+    assert host.us("eager_moe", 64) == ANALYTIC_US["eager_moe"]
+    assert host.with_group_scales({}).us("gdn_prefill", 4) == pytest.approx(2000.0)
+    (tmp_path / "host_fit.json").write_text(json.dumps({"scales": {"prefil": 0.6}}))
+    with pytest.raises(TableError, match="unknown groups \\['prefil'\\]"):
+        HostCosts.load(path)
+    (tmp_path / "host_fit.json").write_text("[1, 2]")
+    with pytest.raises(TableError, match="host_fit.json"):
+        HostCosts.load(path)

@@ -1,0 +1,41 @@
+"""calibrate.host_fit: the coordinate descent finds known scales and checks them out of sample."""
+import pytest
+
+from calibrate import host_fit as HF
+from calibrate.replay import summarize
+from sim.host_model import HOST_GROUPS
+
+TRUE = {"prefill": 0.6, "eager": 0.8}  # what the synthetic steps were made with
+
+
+def rows() -> list[dict]:
+    """Host-bound steps: measured = true scales x the unscaled host cost of their ops."""
+    out = []
+    for run in ("store_all-g0.6-c32", "store_all-g0.9-c32"):
+        for i in range(12):
+            prefill, eager = 1000.0 * (1 + i % 4), 500.0 * (1 + i % 3)
+            kind = ("mixed_graph", "mixed_eager", "prefill_only")[i % 3]
+            out.append({"run": run, "kind": kind, "prefill": prefill, "eager": eager,
+                        "measured_us": TRUE["prefill"] * prefill + TRUE["eager"] * eager})
+    return out
+
+
+def evaluate(scales: dict, sel: list) -> dict:
+    priced = [{**r, "predicted_us": scales.get("prefill", 1) * r["prefill"] + scales.get("eager", 1) * r["eager"],
+               "old_predicted_us": float("nan")} for r in sel]
+    return summarize(priced)
+
+
+def test_fit_recovers_the_scales_and_scores_them_out_of_sample():
+    scales, best = HF.fit_scales(evaluate, rows())
+    assert scales["prefill"] == TRUE["prefill"] and scales["eager"] == TRUE["eager"] and best == pytest.approx(0)
+    fit = HF.fit_host(evaluate, rows(), log=lambda _: None)
+    assert set(fit["scales"]) == set(HOST_GROUPS) and fit["scales"]["step"] == 1.0
+    assert set(fit["held_out"]) == {"fit_g0.6_test_g0.9", "fit_g0.9_test_g0.6"}
+    assert fit["held_out"]["fit_g0.6_test_g0.9"]["test"]["mixed_graph"]["median_ape"] == pytest.approx(0)
+    assert fit["unscaled"]["mixed_graph"]["bias"] > 0 and fit["fit_on_all"]["all"]["median_ape"] == pytest.approx(0)
+
+
+def test_objective_ignores_missing_kinds():
+    s = evaluate({}, [r for r in rows() if r["kind"] == "mixed_eager"])
+    assert HF.objective(s) == s["mixed_eager"]["median_ape"] > 0
