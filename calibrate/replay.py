@@ -110,8 +110,34 @@ def summarize(rows: Sequence[dict], measured: str | None = None) -> dict:
         out["runs"][run] = {"n": len(rr), "sum_measured_s": round(ms * 1e-6, 6), "sum_predicted_s": round(p * 1e-6, 6),
                             "sum_error_pct": round(100 * (p - ms) / ms, 3) if ms else None,
                             "kinds": {k: sum(1 for r in rr if r["kind"] == k) for k in SUMMARY_KINDS[:-1]}}
+    out["repeatability"] = repeatability(rows, m)
     out["units"] = ("median_ape, p90_ape, bias and sum_error_pct in percent; "
                     f"bias = mean of (predicted - {m}) / {m}")
+    return out
+
+
+def repeatability(rows: Sequence[dict], measured: str | None = None) -> dict:
+    """The same step measured twice: runs `<policy>-g<gmu>-c<conc>` that differ only in gmu replay
+    identical traces where memory never binds (c1, c32), so a step of both, with the same token
+    count, was measured at two times of the replay. Per kind: pairs, median and p90 of
+    |a - b| / mean(a, b) in percent (the noise floor no model can beat)."""
+    m = measured or MEASURED
+    at: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        parts = str(r["run"]).split("-")
+        if len(parts) == 3 and parts[1].startswith("g") and _num(r.get(m)) and "step" in r:
+            at.setdefault((parts[0], parts[2], int(r["step"]), r.get("tokens")), {})[parts[1]] = r
+    diffs: dict[str, list[float]] = {}
+    for by_gmu in at.values():
+        same = [by_gmu[g] for g in sorted(by_gmu)]
+        for r, o in zip(same, same[1:]):
+            a, b = r[m], o[m]
+            diffs.setdefault(r["kind"], []).append(100 * abs(a - b) / ((a + b) / 2))
+    out = {}
+    for kind, d in sorted(diffs.items()):
+        d.sort()
+        out[kind] = {"pairs": len(d), "median_pct": round(statistics.median(d), 3),
+                     "p90_pct": round(d[min(len(d) - 1, math.ceil(0.9 * len(d)) - 1)], 3)}
     return out
 
 

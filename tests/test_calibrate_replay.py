@@ -35,6 +35,18 @@ def test_summary_errors_per_kind_and_sums():
     assert s["runs"]["b"]["sum_error_pct"] == -50.0 and s["runs"]["a"]["kinds"]["uniform_decode"] == 3
 
 
+def test_repeatability_pairs_the_same_step_of_runs_that_differ_only_in_gmu():
+    def row(run, step, us, kind="mixed_graph", tokens=100):
+        return {**_row(kind, us, us, run=run), "step": step, "tokens": tokens}
+    rows = [row("store_all-g0.6-c32", 5, 100.0), row("store_all-g0.9-c32", 5, 150.0),
+            row("store_all-g0.6-c32", 6, 100.0), row("store_all-g0.9-c32", 6, 100.0, tokens=99),  # not the same step
+            row("replay-g0.9-c32", 5, 80.0), row("store_all-g0.6-c1", 5, 10.0, "uniform_decode"),
+            row("store_all-g0.9-c1", 5, 10.1, "uniform_decode")]
+    rep = RP.summarize(rows)["repeatability"]
+    assert rep["mixed_graph"] == {"pairs": 1, "median_pct": 40.0, "p90_pct": 40.0}
+    assert rep["uniform_decode"]["pairs"] == 1 and rep["uniform_decode"]["median_pct"] == pytest.approx(0.995, abs=1e-3)
+
+
 def test_summary_can_compare_against_another_measurement():
     s = RP.summarize([_row("uniform_decode", 100, 110)], measured="measured_sync_us")
     assert s["compared_against"] == "measured_sync_us" and s["uniform_decode"]["median_ape"] == 10900.0
