@@ -258,10 +258,8 @@ def old_pricer(run: Run, hw_name: str, log: Callable[[str], None]) -> Callable[[
         return None
 
 
-def reprice(rows: list[dict], runs: dict[str, Run], hw_name: str, log: Callable[[str], None],
-            host_scales: dict[str, float] | None = None, old_pricing: bool = True) -> None:
-    """Recompute predicted_us (the run's own pricing, today's tables) and old_predicted_us in place (CPU).
-    host_scales: price with these host-group scales instead of host_fit.json's (calibrate.host_fit)."""
+def reprice(rows: list[dict], runs: dict[str, Run], hw_name: str, log: Callable[[str], None]) -> None:
+    """Recompute predicted_us (the run's own pricing, today's tables) and old_predicted_us in place (CPU)."""
     from policies import make_policy
     from sim.latency_factory import make_latency_model
     from sim.step_trace import batch_of
@@ -269,9 +267,7 @@ def reprice(rows: list[dict], runs: dict[str, Run], hw_name: str, log: Callable[
     for name, run in runs.items():
         pol = make_policy(run.model, run.policy)
         lat = make_latency_model(run.model, load_hardware(hw_name), pol, run.engine)
-        if host_scales is not None and getattr(lat, "host", None) is not None:
-            lat.host = lat.host.with_group_scales(host_scales)
-        old = old_pricer(run, hw_name, log) if old_pricing else None
+        old = old_pricer(run, hw_name, log)
         by_step = {s.step: s for s in run.steps}
         for r in rows:
             if r["run"] == name and int(r["step"]) in by_step:
