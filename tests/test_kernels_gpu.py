@@ -68,6 +68,24 @@ def test_replay_real_shapes():
     assert rel_err(replay.verify(**{**x2, "state": rs})[0], o_ref2) < 1e-5
 
 
+def graph_batches(static: dict, acc: torch.Tensor, gen_seed: int, seed: int, T: int):
+    """Three batches of trees of other shapes and sizes (chains, full trees, a star, random and
+    preorder trees, a lone root), each written into a captured graph's static inputs and accepted
+    nodes (the deepest node); yields (i, inputs, lengths, accepted) for the replay and its check."""
+    gen = torch.Generator().manual_seed(gen_seed)
+    trees = [[chain(40), full((3, 3, 3)), star(17)], [random_tree(40, gen), preorder(full((3, 3, 3))), [-1]],
+             [full((2, 2, 2)), random_tree(33, gen), chain(12)]]
+    for i, tr in enumerate(trees):
+        x = on_gpu(random_inputs(tr, hk=2, hv=4, dk=128, dv=128, seed=seed + i, T=T))
+        lengths = torch.tensor([len(t) for t in tr], dtype=torch.int32, device="cuda")
+        for name in ("q", "k", "v", "g", "beta", "parent"):
+            static[name].copy_(x[name])
+        static["lengths"].copy_(lengths)
+        accepted = torch.tensor([len(t) - 1 for t in tr], dtype=torch.int32, device="cuda")
+        acc.copy_(accepted)
+        yield i, x, lengths, accepted
+
+
 def test_reconstruct_tree_in_cuda_graph():
     """Capture verify + commit once for T = 40; replay it for different trees and sizes
     written into the same device tensors: each replay matches the reference."""
@@ -90,18 +108,8 @@ def test_reconstruct_tree_in_cuda_graph():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         o_out, s_out = step()
-    gen = torch.Generator().manual_seed(5)
-    trees = [[chain(40), full((3, 3, 3)), star(17)], [random_tree(40, gen), preorder(full((3, 3, 3))), [-1]],
-             [full((2, 2, 2)), random_tree(33, gen), chain(12)]]
-    for i, tr in enumerate(trees):
-        x = on_gpu(random_inputs(tr, hk=2, hv=4, dk=128, dv=128, seed=10 + i, T=T))
-        lengths = torch.tensor([len(t) for t in tr], dtype=torch.int32, device="cuda")
-        for name in ("q", "k", "v", "g", "beta", "parent"):
-            static[name].copy_(x[name])
-        static["lengths"].copy_(lengths)
+    for i, x, lengths, accepted in graph_batches(static, acc, gen_seed=5, seed=10, T=T):
         s0.copy_(x["state"])
-        accepted = torch.tensor([len(t) - 1 for t in tr], dtype=torch.int32, device="cuda")
-        acc.copy_(accepted)
         graph.replay()
         torch.cuda.synchronize()
         ref = {**x, "lengths": lengths}
@@ -157,17 +165,7 @@ def test_deferred_steps_in_cuda_graph():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         o_out = step()
-    gen = torch.Generator().manual_seed(31)
-    trees = [[chain(40), full((3, 3, 3)), star(17)], [random_tree(40, gen), preorder(full((3, 3, 3))), [-1]],
-             [full((2, 2, 2)), random_tree(33, gen), chain(12)]]
-    for i, tr in enumerate(trees):
-        x = on_gpu(random_inputs(tr, hk=2, hv=4, dk=128, dv=128, seed=40 + i, T=T))
-        lengths = torch.tensor([len(t) for t in tr], dtype=torch.int32, device="cuda")
-        for name in ("q", "k", "v", "g", "beta", "parent"):
-            static[name].copy_(x[name])
-        static["lengths"].copy_(lengths)
-        accepted = torch.tensor([len(t) - 1 for t in tr], dtype=torch.int32, device="cuda")
-        acc.copy_(accepted)
+    for i, x, lengths, accepted in graph_batches(static, acc, gen_seed=31, seed=40, T=T):
         if i == 2:  # slot 1's request ended; a new one arrives with its own state
             RD.discard(ds, torch.tensor([False, True, False], device="cuda"))
             fresh = torch.randn(4, 128, 128, device="cuda")

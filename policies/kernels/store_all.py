@@ -19,21 +19,15 @@ import triton
 import triton.language as tl
 
 from policies.kernels.checks import check_accepted, check_inputs
-from policies.kernels.treewy import block_v, check_dims, lengths_or_full
+from policies.kernels.treewy import block_v, check_dims, lengths_or_full, state_block
 
 
 @triton.jit
 def _verify_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parent_ptr, state_ptr, lengths_ptr, o_ptr, states_ptr,
                    T, Hk, Hv, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr):
-    pid = tl.program_id(0)
-    NV: tl.constexpr = DV // BV
-    bh = pid // NV
-    b = (bh // Hv).to(tl.int64)  # per-position states pass 2^31 elements at B = 64, T = 85
-    h = bh % Hv
-    hk = h // (Hv // Hk)
+    b, h, hk, _, rv = state_block(Hk, Hv, DV=DV, BV=BV)  # b int64: per-position states pass 2^31 elements
     n = tl.load(lengths_ptr + b)
     rk = tl.arange(0, DK)
-    rv = (pid % NV) * BV + tl.arange(0, BV)
     tile = rv[:, None] * DK + rk[None, :]
     s = tl.load(state_ptr + (b * Hv + h) * DV * DK + tile).to(tl.float32)
     for t in range(0, n):

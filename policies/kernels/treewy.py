@@ -120,6 +120,20 @@ TUNING = Tuning.parse(os.environ.get("GDN_TUNING", ""))
 
 
 @triton.jit
+def state_block(Hk, Hv, DV: tl.constexpr, BV: tl.constexpr):
+    """What a state-pass program owns (programs are (request, value head, value block), value blocks
+    fastest): its request b (int64: offsets pass 2^31 elements at large B x T), value head h, the
+    q/k head hk that head reads, its value block's index vb and rows rv."""
+    pid = tl.program_id(0)
+    NV: tl.constexpr = DV // BV
+    bh = pid // NV
+    b = (bh // Hv).to(tl.int64)
+    h = bh % Hv
+    vb = pid % NV
+    return b, h, h // (Hv // Hk), vb, vb * BV + tl.arange(0, BV)
+
+
+@triton.jit
 def _ancestors(parent_ptr, b, n, T, BT: tl.constexpr, STEPS: tl.constexpr):
     """Ancestor-or-self mask [BT, BT] of tree b's first n positions, by repeated squaring of the
     one-hot parent matrix (no per-node loop): reach = I + P + ... + P^(2^s - 1) after s
@@ -224,16 +238,10 @@ def _solve_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, mask_ptr, gc_ptr, lengths_ptr, 
 def _apply_kernel(q_ptr, state_ptr, gc_ptr, lengths_ptr, x_ptr, z_ptr, o_ptr, u_ptr, T, Hk, Hv, O_START, T_OUT,
                   DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr):
     """The only pass over the state: u = X_v - X_k S0^T, o = Z_v + (G q - Z_k) S0^T."""
-    pid = tl.program_id(0)
-    NV: tl.constexpr = DV // BV
-    bh = pid // NV
-    b = (bh // Hv).to(tl.int64)
-    h = bh % Hv
-    hk = h // (Hv // Hk)
+    b, h, hk, _, rv = state_block(Hk, Hv, DV=DV, BV=BV)
     n = tl.load(lengths_ptr + b)
     rc = tl.arange(0, BC)
     rk = tl.arange(0, DK)
-    rv = (pid % NV) * BV + tl.arange(0, BV)
     W: tl.constexpr = DK + DV
     s0t = tl.trans(tl.load(state_ptr + ((b * Hv + h) * DV + rv[:, None]) * DK + rk[None, :]).to(tl.float32))
     for j in range(0, tl.cdiv(T, BC)):
@@ -270,16 +278,10 @@ def _rows_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, len
     row's loads and S_0 mat-vecs can be scheduled together; else a loop over the valid
     positions that loads row t + 1 while computing row t.
     """
-    pid = tl.program_id(0)
-    NV: tl.constexpr = DV // BV
-    bh = pid // NV
-    b = (bh // Hv).to(tl.int64)
-    h = bh % Hv
-    hk = h // (Hv // Hk)
+    b, h, hk, _, rv = state_block(Hk, Hv, DV=DV, BV=BV)
     n = tl.load(lengths_ptr + b)
     r = tl.arange(0, BR)
     rk = tl.arange(0, DK)
-    rv = (pid % NV) * BV + tl.arange(0, BV)
     s = tl.load(state_ptr + ((b * Hv + h) * DV + rv[:, None]) * DK + rk[None, :]).to(tl.float32)
     valid = r < n
     kall = tl.load(k_ptr + ((b * T + r[:, None]) * Hk + hk) * DK + rk[None, :], mask=valid[:, None],
@@ -394,15 +396,9 @@ def _dot(a, b, A16: tl.constexpr, B16: tl.constexpr, PREC: tl.constexpr):
 def _state_kernel(k_ptr, state_ptr, mask_ptr, gc_ptr, u_ptr, acc_ptr, out_ptr, T, Hk, Hv, A_OFFSET,
                   DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr):
     """S_a = G_a S_0 + sum over the path to a of (G_a / G_i) u_i k_i^T, one rank-1 update per path node."""
-    pid = tl.program_id(0)
-    NV: tl.constexpr = DV // BV
-    bh = pid // NV
-    b = (bh // Hv).to(tl.int64)
-    h = bh % Hv
-    hk = h // (Hv // Hk)
+    b, h, hk, _, rv = state_block(Hk, Hv, DV=DV, BV=BV)
     a = tl.load(acc_ptr + b) + A_OFFSET
     rk = tl.arange(0, DK)
-    rv = (pid % NV) * BV + tl.arange(0, BV)
     p_s = ((b * Hv + h) * DV + rv[:, None]) * DK + rk[None, :]
     ga = tl.load(gc_ptr + (b * T + a) * Hv + h)
     s = tl.exp(ga) * tl.load(state_ptr + p_s).to(tl.float32)
@@ -422,16 +418,10 @@ def _commit_dot_kernel(k_ptr, state_ptr, mask_ptr, gc_ptr, u_ptr, acc_ptr, out_p
                        K16: tl.constexpr, PREC: tl.constexpr):
     """`_state_kernel`'s sum as (w u)^T k products over 16 path slots at a time: every load of a
     block is issued at once instead of one dependent mask test per node."""
-    pid = tl.program_id(0)
-    NV: tl.constexpr = DV // BV
-    bh = pid // NV
-    b = (bh // Hv).to(tl.int64)
-    h = bh % Hv
-    hk = h // (Hv // Hk)
+    b, h, hk, _, rv = state_block(Hk, Hv, DV=DV, BV=BV)
     a = tl.load(acc_ptr + b) + A_OFFSET
     rc = tl.arange(0, BC)
     rk = tl.arange(0, DK)
-    rv = (pid % NV) * BV + tl.arange(0, BV)
     p_s = ((b * Hv + h) * DV + rv[:, None]) * DK + rk[None, :]
     ga = tl.load(gc_ptr + (b * T + a) * Hv + h)
     s = tl.exp(ga) * tl.load(state_ptr + p_s).to(tl.float32)
@@ -494,16 +484,10 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
     done here, per program, instead of `_prep_kernel`'s launch (the v-block-0 programs write
     gc and, for head 0, the mask that commit reads).
     """
-    pid = tl.program_id(0)
-    NV: tl.constexpr = DV // BV
-    bh = pid // NV
-    b = (bh // Hv).to(tl.int64)
-    h = bh % Hv
-    hk = h // (Hv // Hk)
+    b, h, hk, vb, rv = state_block(Hk, Hv, DV=DV, BV=BV)
     n = tl.load(lengths_ptr + b)
     rc = tl.arange(0, BC)
     rk = tl.arange(0, DK)
-    rv = (pid % NV) * BV + tl.arange(0, BV)
     p_s = state_ptr + ((b * Hv + h) * DV + rv[:, None]) * DK + rk[None, :]
     s = tl.load(p_s).to(tl.float32)
     if PENDING:
@@ -518,7 +502,7 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
         ancr = _ancestors(parent_ptr, b, n, T, BT=BC, STEPS=4)
         gv = tl.load(g_ptr + (b * T + rc) * Hv + h, mask=rc < n, other=0.0).to(tl.float32)
         gcr = tl.sum(tl.where(ancr, gv[None, :], 0.0), axis=1)
-        if pid % NV == 0:
+        if vb == 0:
             tl.store(gc_ptr + (b * T + rc) * Hv + h, gcr, mask=rc < T)
             if h == 0:
                 tl.store(mask_ptr + b * BC * BC + rc[:, None] * BC + rc[None, :], ancr.to(tl.int8))
