@@ -180,6 +180,32 @@ def test_reconstruct_paths_forced(monkeypatch, path):
     check_policy("reconstruct", x, F32, nodes=[0, 1, 3, 6, 11, 19, 32])
 
 
+@pytest.mark.parametrize("trees", [[chain(4), star(3)], [chain(12), full((2, 2))], [chain(20), [-1]]],
+                         ids=["pack", "prep", "blocks"])
+def test_reconstruct_bf16_state(trees):
+    """A bfloat16 state enters the verify's state products as one exact bf16 operand (no split):
+    outputs stay float32-exact against the recurrence from that state; the committed state is
+    rounded to bf16 once."""
+    x = random_inputs(trees, hk=1, hv=2, dk=32, dv=32, seed=21, dtype=torch.bfloat16)
+    x["v"] = x["v"].float()
+    x["state"] = x["state"].to(torch.bfloat16)
+    o_ref, states = R.recurrence(**{**x, "state": x["state"].double()})
+    o, ctx = reconstruct.verify(**fresh(x))
+    assert rel_err(o, o_ref) < F32
+    acc = torch.tensor([len(t) - 1 for t in trees], dtype=torch.int32)
+    new = reconstruct.commit(dataclasses.replace(ctx, state=x["state"].clone()), acc)
+    assert new.dtype == torch.bfloat16
+    assert rel_err(new, states[torch.arange(len(trees)), acc.long()]) < 1e-2
+
+
+def test_tuning_register_caps():
+    t = Tuning.parse("verify_maxnreg=128,commit_maxnreg=96")
+    assert (t.launch(t.verify_maxnreg), t.launch(t.commit_maxnreg), Tuning().launch(0)) == \
+        ({"maxnreg": 128}, {"maxnreg": 96}, {})
+    with pytest.raises(ValueError, match="verify_maxnreg"):
+        Tuning(verify_maxnreg=300)
+
+
 def test_tuning_rejects_bad_fields():
     with pytest.raises(ValueError, match="verify"):
         Tuning(verify="fast")

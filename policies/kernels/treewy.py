@@ -69,6 +69,10 @@ class Tuning:
     commit_warps: int = 4
     commit_stages: int = 1
     pending: str = "dot"
+    # Register caps (Triton's maxnreg; 0: the compiler's choice). ncu (PROFILE.md): 138 / 130
+    # registers allow 3 programs of 4 warps per SM; <= 128 allows 4, <= 96 five.
+    verify_maxnreg: int = 0
+    commit_maxnreg: int = 0
     # Defaults: the fastest tuning of H200 round 1 (results/calibration/h200/kernels_variants.csv).
     pack: bool = True
     prep: bool = True
@@ -86,6 +90,10 @@ class Tuning:
         if self.prec not in PRECISIONS:
             raise ValueError(f"Tuning.prec must be one of {', '.join(PRECISIONS)} (plain tf32 loses float32 "
                              f"accuracy), got {self.prec!r}")
+        for name in ("verify_maxnreg", "commit_maxnreg"):
+            r = getattr(self, name)
+            if r and not 24 <= r <= 255:
+                raise ValueError(f"Tuning.{name} must be 0 (compiler's choice) or 24..255 registers, got {r}")
         if self.pending not in ("dot", "loop"):
             raise ValueError(f"Tuning.pending must be dot or loop, got {self.pending!r}")
 
@@ -110,6 +118,10 @@ class Tuning:
             else:
                 kw[key] = names[key](val)
         return cls(**kw)
+
+    def launch(self, maxnreg: int) -> dict[str, int]:
+        """Launch options for a register cap (none at 0: older Tritons lack the option)."""
+        return {"maxnreg": maxnreg} if maxnreg else {}
 
     def label(self) -> str:
         return ",".join(f"{f}={getattr(self, f)}" for f in self.__dataclass_fields__)
@@ -424,7 +436,10 @@ def _commit_dot_kernel(k_ptr, state_ptr, mask_ptr, gc_ptr, u_ptr, acc_ptr, out_p
     rk = tl.arange(0, DK)
     p_s = ((b * Hv + h) * DV + rv[:, None]) * DK + rk[None, :]
     ga = tl.load(gc_ptr + (b * T + a) * Hv + h)
-    s = tl.exp(ga) * tl.load(state_ptr + p_s).to(tl.float32)
+    # The state load is issued first and joined last: the path products accumulate on their own
+    # (ncu: accumulating into the loaded tile made them wait on it, 62% of copy bandwidth).
+    s0 = tl.load(state_ptr + p_s)
+    acc = tl.zeros([BV, DK], dtype=tl.float32)
     for j in range(0, tl.cdiv(a + 1, BC)):
         tj = j * BC + rc
         on = (tl.load(mask_ptr + b * BT * BT + a * BT + tj) != 0) & (tj < T)
@@ -432,7 +447,8 @@ def _commit_dot_kernel(k_ptr, state_ptr, mask_ptr, gc_ptr, u_ptr, acc_ptr, out_p
         uj = tl.load(u_ptr + ((b * T + tj[:, None]) * Hv + h) * DV + rv[None, :], mask=on[:, None], other=0.0)
         kj = tl.load(k_ptr + ((b * T + tj[:, None]) * Hk + hk) * DK + rk[None, :], mask=on[:, None],
                      other=0.0).to(tl.float32)
-        s += _dot(tl.trans(w[:, None] * uj), kj, False, K16, PREC)
+        acc += _dot(tl.trans(w[:, None] * uj), kj, False, K16, PREC)
+    s = tl.exp(ga) * s0.to(tl.float32) + acc
     tl.store(out_ptr + p_s, s.to(out_ptr.dtype.element_ty))
 
 
@@ -467,7 +483,8 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
                   pu_ptr, pk_ptr, pg_ptr, pn_ptr, parent_ptr, g_ptr, T, Hk, Hv, O_START, T_OUT, P,
                   DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                   NSQ: tl.constexpr, PENDING: tl.constexpr, QK16: tl.constexpr, PK16: tl.constexpr,
-                  PREC: tl.constexpr, PDOT: tl.constexpr, PACK: tl.constexpr, PREP: tl.constexpr):
+                  PREC: tl.constexpr, PDOT: tl.constexpr, PACK: tl.constexpr, PREP: tl.constexpr,
+                  S16: tl.constexpr):
     """Solve and state pass in one program per (sequence, v-head, v-block), 16 positions at a time.
 
     The tile s = S_0[rv, :] is read once (PENDING: S_old, brought up to date by the previous
@@ -482,7 +499,8 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
     whose every step is a cross-thread reduction. PACK (T <= 8): one block whose k and q rows
     share a 16-row tile, halving the products with the state. PREP (T <= 16): the tree prep
     done here, per program, instead of `_prep_kernel`'s launch (the v-block-0 programs write
-    gc and, for head 0, the mask that commit reads).
+    gc and, for head 0, the mask that commit reads). S16: a bfloat16 state is an exact `_dot`
+    operand, so its products are one bf16 tensor-core product, not the three of a split.
     """
     b, h, hk, vb, rv = state_block(Hk, Hv, DV=DV, BV=BV)
     n = tl.load(lengths_ptr + b)
@@ -496,7 +514,10 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
         s = s.to(state_ptr.dtype.element_ty)
         tl.store(p_s, s)
         s = s.to(tl.float32)  # verify from the state exactly as committed (bf16: rounded)
-    st = tl.trans(s)
+    if S16:
+        st = tl.trans(s.to(tl.bfloat16))  # exact: s holds bf16 values
+    else:
+        st = tl.trans(s)
     lower = rc[:, None] > rc[None, :]
     if PREP:
         ancr = _ancestors(parent_ptr, b, n, T, BT=BC, STEPS=4)
@@ -530,7 +551,7 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
             anc = (tl.load(mask_ptr + b * BT * BT + rc[:, None] * BT + rc[None, :]) != 0) & m0[:, None] & m0[None, :]
         dec = tl.where(anc, tl.exp(g0[:, None] - g0[None, :]), 0.0)
         sh = (rc[None, :] == rc[:, None] + half).to(tl.float32)
-        rr = _dot(kq, st, QK16, False, PREC)
+        rr = _dot(kq, st, QK16, S16, PREC)
         gg = _dot(kq, tl.trans(kq), QK16, QK16, PREC)  # k.k top left, q.k bottom left
         uj = b0[:, None] * (v0 - tl.exp(g0)[:, None] * tl.where(m0[:, None], rr, 0.0))
         if NSQ > 0:
@@ -561,8 +582,8 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
             else:
                 gj = tl.load(gc_ptr + (b * T + tj) * Hv + h, mask=mj, other=0.0)
             ej = tl.exp(gj)
-            rhs = bj[:, None] * (vj - ej[:, None] * _dot(kj, st, QK16, False, PREC))
-            oj = ej[:, None] * _dot(qj, st, QK16, False, PREC)
+            rhs = bj[:, None] * (vj - ej[:, None] * _dot(kj, st, QK16, S16, PREC))
+            oj = ej[:, None] * _dot(qj, st, QK16, S16, PREC)
             for i in range(0, j):
                 ti = i * BC + rc
                 ki = tl.load(k_ptr + ((b * T + ti[:, None]) * Hk + hk) * DK + rk[None, :], mask=(ti < n)[:, None],
@@ -796,9 +817,9 @@ def state_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Te
                                               NSQ=(min(T, BC) - 1).bit_length(), PENDING=pending is not None,
                                               QK16=_bf16(q, k), PK16=_bf16(pd.pk), PREC=t.prec,
                                               PDOT=t.pending == "dot", PACK=t.pack and T <= BC // 2,
-                                              PREP=prep is not None,
+                                              PREP=prep is not None, S16=state.dtype == torch.bfloat16,
                                               num_warps=t.verify_warps,
-                                              num_stages=t.verify_stages)
+                                              num_stages=t.verify_stages, **t.launch(t.verify_maxnreg))
         return o, u
     BV = block_v(DV)
     if kind == "rows":
@@ -835,10 +856,10 @@ def wy_state(ctx: TreeSolve, accepted: torch.Tensor, out: torch.Tensor, offset: 
     if t.commit == "dot":
         _commit_dot_kernel[(B * Hv * (DV // BV),)](*args, DK=DK, DV=DV, BV=BV, BT=ctx.mask.shape[-1], BC=BC,
                                                    K16=_bf16(ctx.k), PREC=t.prec, num_warps=t.commit_warps,
-                                                   num_stages=t.commit_stages)
+                                                   num_stages=t.commit_stages, **t.launch(t.commit_maxnreg))
     else:
         _state_kernel[(B * Hv * (DV // BV),)](*args, DK=DK, DV=DV, BV=BV, BT=ctx.mask.shape[-1],
-                                              num_warps=t.commit_warps)
+                                              num_warps=t.commit_warps, **t.launch(t.commit_maxnreg))
     return out
 
 
@@ -862,5 +883,5 @@ def apply_pending(state: torch.Tensor, pending: Pending, rows: torch.Tensor) -> 
                                           pending.pk.shape[2], Hv, pending.max_path, DK=DK, DV=DV, BV=BV, BC=BC,
                                           K16=_bf16(pending.pk), PREC=TUNING.prec, DOT=TUNING.pending == "dot",
                                           num_warps=TUNING.commit_warps,
-                                          num_stages=TUNING.commit_stages)
+                                          num_stages=TUNING.commit_stages, **TUNING.launch(TUNING.commit_maxnreg))
     return state
