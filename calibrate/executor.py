@@ -325,6 +325,7 @@ class Executor:
         self.state_dtype = torch.float32 if model.state_dtype_bytes == 4 else L.BF16
         self.w = weights or Weights.build(s, self.kinds, device)
         self._buffers(max_context, kv_pool_bytes)
+        self.policy_states: dict[str, tuple[dict, dict, dict]] = {}
         self.use_policy(policy)
         self.chunk_fn, self.fla_conv = load_fla()
         from calibrate.kernels.paged_attention import paged_attention, reshape_and_cache
@@ -392,12 +393,16 @@ class Executor:
         # graph_capturable_tree breaks it (the step then runs piecewise).
         self.full_capturable = shape[3]
         self.verify_mod, self.conv_verify, self.conv_commit = load_policy_kernels(policy.mamba_state_commit)
-        self._replay_states()
+        # Kept per policy: its full graphs hold the addresses of these tensors, and a graph of the
+        # policy captured before (the correctness check) replays on them when the policy returns.
+        if self.policy_key not in self.policy_states:
+            self.policy_states[self.policy_key] = self._replay_states()
+        self.rs, self.rcs, self.ds = self.policy_states[self.policy_key]
 
-    def _replay_states(self) -> None:
+    def _replay_states(self) -> tuple[dict, dict, dict]:
         """Per-slot state beside the pools: replay's caches of accepted inputs (state and conv),
         reconstruct_deferred's pending commit (policies.kernels)."""
-        self.rs, self.rcs, self.ds = {}, {}, {}
+        rs, rcs, ds = {}, {}, {}
         commit, path = self.policy.mamba_state_commit, self.tree.depth + 1
         gdn = [i for i, kind in enumerate(self.kinds) if kind == "gdn"]
         if commit == "replay":
@@ -406,13 +411,14 @@ class Executor:
 
             fi = self.policy.flush_interval
             for i in gdn:
-                self.rs[i] = ReplayState.start(self.ssm[i], fi, path, self.s.gdn_k_heads)
-                self.rcs[i] = ReplayConvState.start(self.conv_pool[i], fi, path, L.BF16)
+                rs[i] = ReplayState.start(self.ssm[i], fi, path, self.s.gdn_k_heads)
+                rcs[i] = ReplayConvState.start(self.conv_pool[i], fi, path, L.BF16)
         elif commit == "reconstruct_deferred":
             from policies.kernels.reconstruct_deferred import DeferredState
 
             for i in gdn:
-                self.ds[i] = DeferredState.start(self.ssm[i], path, self.s.gdn_k_heads)
+                ds[i] = DeferredState.start(self.ssm[i], path, self.s.gdn_k_heads)
+        return rs, rcs, ds
 
     def kernel_sources(self) -> dict[str, str]:
         """Which implementation each core runs (a reference instead of a kernel makes timings moot)."""

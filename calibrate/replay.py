@@ -405,13 +405,14 @@ def ex_positions(r: object) -> int:
 
 
 def kv_pool_bytes_for(runs: Sequence[Run], block_size: int, bytes_per_block: int, lookahead: int,
-                      cap_bytes: int) -> int:
-    """KV bytes the busiest traced step needs (its requests' blocks at once), at most cap_bytes."""
+                      cap_bytes: int, extra: Sequence[Sequence] = ()) -> int:
+    """KV bytes the busiest step needs (its requests' blocks at once), at most cap_bytes: the traced
+    steps and `extra` request lists (the check's and host.csv's own batches: in a pool too small for
+    them their requests share blocks, and eager and graph runs of the check no longer agree)."""
     need = 2
-    for run in runs:
-        for s in run.steps:
-            need = max(need, 1 + sum(-(-(r.context + (r.prefill or ex_positions(r)) + lookahead) // block_size)
-                                     for r in s.requests))
+    for reqs in [s.requests for run in runs for s in run.steps] + list(extra):
+        need = max(need, 1 + sum(-(-(r.context + (r.prefill or ex_positions(r)) + lookahead) // block_size)
+                                 for r in reqs))
     return min(cap_bytes, need * bytes_per_block)
 
 
@@ -497,7 +498,7 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
         # Backstop past the budget plus its grace: a KeyboardInterrupt wherever it is (outputs kept).
         alarm = arm_alarm(None if time_budget_s is None else time_budget_s - (time.perf_counter() - t0))
         try:
-            for gi, group in enumerate(groups.values()):
+            for gi, (key, group) in enumerate(groups.items()):
                 reserve = host_reserve if gi == 0 else 0.0  # the first executor also measures host.csv
                 left = None if time_budget_s is None else time_budget_s - reserve - (time.perf_counter() - t0)
                 if left is not None and left <= 0:
@@ -511,8 +512,11 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                 max_ctx = max([8192] + [r.context + (r.prefill or ex_positions(r)) for s in all_steps
                                         for r in s.requests])
                 max_req = max((len(s.requests) for s in all_steps), default=160)
+                positions, depth, sizes = key[2]
                 kv_bytes = kv_pool_bytes_for(group, lay.attn_block_tokens, block_bytes, model.mtp_depth,
-                                             int(kv_pool_gb * 2**30)) if all_steps else 4 << 30
+                                             int(kv_pool_gb * 2**30),
+                                             [r for _, r in synthetic_steps(positions, depth, sizes)]) \
+                    if all_steps else 4 << 30
                 ex = Executor(model, first.policy, device=dev, max_requests=max_req, max_context=max_ctx,
                               max_num_seqs=first.engine.max_num_seqs or hw.max_num_seqs,
                               max_num_batched_tokens=first.engine.max_num_batched_tokens or hw.max_num_batched_tokens,

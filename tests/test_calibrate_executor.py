@@ -147,6 +147,28 @@ def test_one_executor_serves_policies_of_one_step_shape():
         ex.use_policy(load_policy("store_all", {"draft_tree_widths": [2, 2]}))
 
 
+@pytest.mark.parametrize("policy", ["replay", "reconstruct_deferred"])
+def test_policy_states_outlive_a_policy_switch(policy):
+    # A full graph captured under a policy (the correctness check) holds the addresses of its replay
+    # caches / pending commits; returning to the policy must hand it the same tensors, not new ones
+    # (on the H200 the graph then wrote into freed memory: an illegal memory access).
+    def tensors(x):
+        if isinstance(x, torch.Tensor):
+            return [x.data_ptr()]
+        if isinstance(x, (dict, list, tuple)):
+            return [p for v in (x.values() if isinstance(x, dict) else x) for p in tensors(v)]
+        return [p for v in vars(x).values() for p in tensors(v)] if hasattr(x, "__dataclass_fields__") else []
+
+    ex = tiny(policy)
+    pool = set(tensors({"ssm": [t for t in ex.ssm if t is not None], "conv": ex.conv_pool}))
+    before = tensors((ex.rs, ex.rcs, ex.ds))
+    assert set(before) - pool  # caches or pending buffers of their own, not only the pools
+    ex.use_policy(load_policy("store_all"))
+    assert not (ex.rs or ex.rcs or ex.ds)
+    ex.use_policy(load_policy(policy))
+    assert tensors((ex.rs, ex.rcs, ex.ds)) == before
+
+
 def test_pipelined_steps_keep_their_own_outputs():
     # Async scheduling (calibrate.replay.time_step_async): step N+1 is prepared and launched
     # before step N is finished; N's tokens must still be N's (double-buffered host outputs).

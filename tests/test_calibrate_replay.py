@@ -210,3 +210,14 @@ def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
     assert main(["calibrate", "replay", "--gpu", "h200", *extra, *args]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_kv_pool_fits_the_check_batches():
+    # A run of single short requests (concurrency 1) once sized a 2-block pool: the check's batches
+    # then shared blocks and its eager and graph runs disagreed. The check's own batches count too.
+    run = RP.Run("c1", {}, [TracedStep(0, 0.0, "uniform_decode", (R(1, 0, 40, (1, 1, 1), 2),), 0.0, {})], None, None, None)
+    checks = [reqs for _, reqs in RP.synthetic_steps(4, 3, (8, 16, 512))]
+    alone = RP.kv_pool_bytes_for([run], 1072, 1, 3, 1 << 40)
+    both = RP.kv_pool_bytes_for([run], 1072, 1, 3, 1 << 40, checks)
+    widest = max(1 + sum(-(-(r.context + (r.prefill or 4) + 3) // 1072) for r in reqs) for reqs in checks)
+    assert alone == 2 and both == widest > 100
