@@ -64,7 +64,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--warmup", type=int, default=1, help="untimed runs per step first (graph capture, autotune)")
     r.add_argument("--mode", default="vllm", help="vllm (FULL/PIECEWISE/eager by vLLM's rule), eager, or graph")
     r.add_argument("--kv-pool-gb", type=float, default=24.0, help="cap on the paged KV pool")
-    r.add_argument("--no-host", action="store_true", help="skip the host-cost measurement (host.csv)")
+    r.add_argument("--no-host", action="store_true",
+                   help="skip the host-cost measurements (host.csv, host_policies.csv)")
+    r.add_argument("--host-only", action="store_true",
+                   help="measure the host tables alone (host.csv, host_policies.csv): no check, no steps")
+    r.add_argument("--host-policies", default="",
+                   help="comma list of policy configs host_policies.csv measures (default: every one of the "
+                        "executor's step shape)")
     r.add_argument("--model", default=None, help="--smoke without --steps: model config name")
     r.add_argument("--policy", default="store_all", help="--smoke without --steps: policy config name")
     r.add_argument("--device", default="cuda")
@@ -275,11 +281,17 @@ def _replay(args: argparse.Namespace) -> int:
         return 0
     from sim.step_trace import StepTraceError
 
+    host_policies = [p for p in args.host_policies.split(",") if p] if args.host_policies else None
+    for p in host_policies or []:
+        load_policy(p)  # a ConfigError names the valid policies
+    if args.host_only and args.no_host:
+        raise ConfigError("--host-only measures the host tables: drop --no-host")
     try:
         return R.replay(args.steps, args.gpu, args.out or _calib_root(args.gpu), smoke=args.smoke,
                         max_steps=args.max_steps, time_budget_s=args.time_budget_s, reps=args.reps,
                         warmup=args.warmup, mode=args.mode, kv_pool_gb=args.kv_pool_gb, host=not args.no_host,
                         model_name=args.model, policy_name=args.policy, device=args.device, resume=args.resume,
+                        host_only=args.host_only, host_policies=host_policies,
                         commit=args.git_commit or provenance.git_commit(), log=functools.partial(print, flush=True))
     except StepTraceError as e:
         raise ConfigError(str(e)) from None

@@ -8,7 +8,8 @@ If the sleep finished before the last call was issued the sample is void (retrie
 with a longer sleep): an op that synchronises shows up as void every time.
 
 Rows: op, n, us (median), us_p10, us_p90, reps (core.tables.HOST_OPS says what n counts
-for each op). gdn_verify and gdn_prefill include the core's one gating launch.
+for each op); host_policies.csv: the same with a `policy` column first, for the ops each
+commit policy launches itself (core.tables.HOST_POLICY_OPS), measured under every policy. gdn_verify and gdn_prefill include the core's one gating launch.
 step_finish is timed with the GPU idle: waiting on the step's tokens (already copied to
 pinned memory) plus the Python bookkeeping after the GPU is done.
 """
@@ -81,38 +82,84 @@ def _row(op: str, n: int, ts: Sequence[float]) -> dict:
             "us_p90": round(q[-1], 2), "reps": len(ts)}
 
 
-def measure_host(ex: object, log: Callable[[str], None] = print, quick: bool = False) -> list[dict]:
-    """host.csv rows for the executor's model and policy (its graphs are captured as needed)."""
-    from sim.step_trace import TracedRequest as R
+Record = Callable[..., None]
 
+
+def _recorder(rows: list[dict], log: Callable[[str], None], reps: int, tag: dict | None = None) -> Record:
+    """record(op, n, fn, reps): one row of fn's issue times (tag's fields first), or a log line why not."""
     cpu = cycles_per_us()
-    rows: list[dict] = []
-    tree = (1,) * ex.depth if ex.depth else ()
-    reps = 5 if quick else 10
+    label = "".join(f" {v}" for v in (tag or {}).values())
 
     def record(op: str, n: int, fn: Callable[[], object], r: int = reps) -> None:
         assert op in OPS, op
         try:
             ts = issue_times(fn, r, cpu)
         except Exception as e:  # one op must not cost the table
-            log(f"  host {op} n={n}: FAILED ({type(e).__name__}: {e})")
+            log(f"  host{label} {op} n={n}: FAILED ({type(e).__name__}: {e})")
             return
         if ts is None:
-            log(f"  host {op} n={n}: the GPU went idle while issuing (the op synchronises?); not recorded")
+            log(f"  host{label} {op} n={n}: the GPU went idle while issuing (the op synchronises?); not recorded")
             return
-        rows.append(_row(op, n, ts))
-        log(f"  host {op} n={n}: {rows[-1]['us']:.1f} us")
+        rows.append({**(tag or {}), **_row(op, n, ts)})
+        log(f"  host{label} {op} n={n}: {rows[-1]['us']:.1f} us")
+    return record
 
-    def decodes(b: int) -> list:
-        return [R(i, 0, 1000 + 7 * i, tree, 1) for i in range(b)]
 
+def _decodes(ex: object, b: int) -> list:
+    from sim.step_trace import TracedRequest as R
+
+    return [R(i, 0, 1000 + 7 * i, (1,) * ex.depth if ex.depth else (), 1) for i in range(b)]
+
+
+def _decode_batches(ex: object, quick: bool) -> list[int]:
+    return [b for b in (1, 4, 16, 64, 128, 256) if b * ex.positions <= ex.max_tokens - 256
+            and b <= ex.max_step_requests][:4 if quick else 6]
+
+
+def _record_core(record: Record, ex: object, gdn: int, st: object, b: int) -> None:
+    """gdn_verify (with the core's gating launch: its inputs) and gdn_commit of one GDN layer."""
+    def verify() -> tuple:
+        qkv, g, beta, nd = ex.gdn_inputs(gdn, st)
+        return ex.verify(gdn, st, qkv[:nd], g[:nd], beta[:nd])
+    record("gdn_verify", b, verify)
+    ctxs = verify()
+    record("gdn_commit", b, lambda: ex.commit(gdn, st, ctxs))
+
+
+def measure_policy_host(ex: object, policies: Sequence, log: Callable[[str], None] = print,
+                        quick: bool = False) -> list[dict]:
+    """host_policies.csv rows: gdn_verify and gdn_commit (core.tables.HOST_POLICY_OPS) under each
+    policy config, at host.csv's decode batches (commits that append, not flush). A policy of
+    another step shape than the executor's is skipped (logged). Leaves the executor on the last."""
+    if "gdn" not in ex.kinds or not ex.depth:
+        return []
+    gdn = ex.kinds.index("gdn")
+    rows: list[dict] = []
+    for pol in policies:
+        try:
+            ex.use_policy(pol)
+        except ValueError as e:
+            log(f"  host {pol.name}: skipped ({e})")
+            continue
+        record = _recorder(rows, log, 5 if quick else 10, {"policy": pol.mamba_state_commit})
+        for b in _decode_batches(ex, quick):
+            st = ex.prepare(_decodes(ex, b), mode="eager")
+            _record_core(record, ex, gdn, st, b)
+    return rows
+
+
+def measure_host(ex: object, log: Callable[[str], None] = print, quick: bool = False) -> list[dict]:
+    """host.csv rows for the executor's model and policy (its graphs are captured as needed)."""
+    from sim.step_trace import TracedRequest as R
+
+    rows: list[dict] = []
+    reps = 5 if quick else 10
+    record = _recorder(rows, log, reps)
     gdn = ex.kinds.index("gdn") if "gdn" in ex.kinds else None
     attn = ex.kinds.index("attn") if "attn" in ex.kinds else None
     cap = ex.sizes[-1] if ex.sizes else 0
-    batch_sizes = [b for b in (1, 4, 16, 64, 128, 256) if b * ex.positions <= ex.max_tokens - 256
-                   and b <= ex.max_step_requests][:4 if quick else 6]
-    for b in batch_sizes:
-        reqs = decodes(b)
+    for b in _decode_batches(ex, quick):
+        reqs = _decodes(ex, b)
         record("step_prepare", b, lambda: ex.prepare(reqs, mode="eager"))
         st = ex.prepare(reqs, mode="eager")
         ex.launch(st)
@@ -128,13 +175,7 @@ def measure_host(ex: object, log: Callable[[str], None] = print, quick: bool = F
         record("attn_core", b, lambda: ex.attn_core(0, st, n, st.R, st.max_q, slots, seq_lens, cu))
         record("sample", st.n_logits, lambda: ex.sample(st))
         if gdn is not None and ex.depth:
-            # The gating launch goes with the verify (and with the prefill below): the core's inputs.
-            def verify() -> tuple:
-                qkv, g, beta, nd = ex.gdn_inputs(gdn, st)
-                return ex.verify(gdn, st, qkv[:nd], g[:nd], beta[:nd])
-            record("gdn_verify", b, verify)
-            ctxs = verify()
-            record("gdn_commit", b, lambda: ex.commit(gdn, st, ctxs))
+            _record_core(record, ex, gdn, st, b)
     if gdn is not None:
         for p in [1, 2, 4, 8, 16, 32][:4 if quick else 6]:
             st = ex.prepare([R(100 + i, 128, 512 * (i % 2), (), 0) for i in range(p)], mode="eager")
@@ -154,7 +195,7 @@ def measure_host(ex: object, log: Callable[[str], None] = print, quick: bool = F
     if ex.graphs is not None:
         for size in [s for s in ex.sizes if s in (4, 16, 64, 128, 256, 512) or s == cap][:4 if quick else 8]:
             if ex.positions > 1 and size % ex.positions == 0 and ex.full_capturable:
-                reqs = decodes(size // ex.positions)
+                reqs = _decodes(ex, size // ex.positions)
                 ex.run(reqs)  # captures its full graph
                 g = ex.graphs.graphs.get(("full", ex.policy_key, size, False))
                 if g is not None:

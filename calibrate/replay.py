@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from core.config import EngineConfig, ModelConfig, PolicyConfig, load_hardware, load_model, load_policy
+from core.config import EngineConfig, ModelConfig, PolicyConfig, load_hardware, load_model, load_policy, policy_names
 from core.files import atomic_write_text
 
 SUMMARY_KINDS = ("uniform_decode", "mixed_graph", "mixed_eager", "prefill_only", "all")
@@ -421,11 +421,14 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
            kv_pool_gb: float = 24.0, host: bool = True, model_name: str | None = None,
            policy_name: str = "store_all", device: str = "cuda", commit: str | None = None,
            shapes: object | None = None, kinds: list[str] | None = None, resume: Path | None = None,
+           host_only: bool = False, host_policies: Sequence[str] | None = None,
            log: Callable[[str], None] = print) -> int:
     """Replay every run (or --smoke's synthetic steps); returns the exit status. `shapes` and
     `kinds` (layer types in order) override the model's (tiny CPU tests). `resume`: a previous
     replay's <out>/<model> folder, whose rows are kept (those steps are not replayed again) and
-    whose provenance parts are carried over."""
+    whose provenance parts are carried over. host_only: the host tables alone (host.csv and
+    host_policies.csv: no check, no varlen table, no steps). host_policies: the policy configs
+    host_policies.csv measures (default: every one of the executor's step shape)."""
     import torch
 
     from calibrate import host as H
@@ -471,13 +474,14 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
         rows: list[dict] = read_replay_rows(resume / "replay_steps.csv") if resume else []
         done = {(r["run"], int(r["step"])) for r in rows}
         for run in runs:  # only the picked steps are sized for, priced and replayed, in replay order
-            run.steps = [run.steps[i] for i in pick([s.kind for s in run.steps], quota)
-                         if (run.name, run.steps[i].step) not in done]
+            run.steps = [] if host_only else [run.steps[i] for i in pick([s.kind for s in run.steps], quota)
+                                              if (run.name, run.steps[i].step) not in done]
         if resume:
             log(f"resume: {len(rows)} steps kept from {resume}; {sum(len(r.steps) for r in runs)} still to replay")
         freeze_heap()
         checks: list[dict] = []
         host_rows: list[dict] = []
+        policy_rows: list[dict] = []
         varlen_rows: list[dict] = []
         host_policy = None
         errors_: list[str] = []
@@ -492,7 +496,7 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
             key = (seqs, tokens, step_shape(model, pol, seqs, tokens)[:3],
                    block_layout(model, pol, 1 << 40).attn_block_tokens)
             groups.setdefault(key, []).append(run)
-        varlen = "gdn" in kinds and not smoke
+        varlen = "gdn" in kinds and not smoke and not host_only
         host_reserve = ((HOST_RESERVE_S / 3 if smoke else HOST_RESERVE_S) + (VARLEN_RESERVE_S if varlen else 0.0)
                         if host and dev.type == "cuda" else 0.0)
         # Backstop past the budget plus its grace: a KeyboardInterrupt wherever it is (outputs kept).
@@ -526,15 +530,22 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                     f"{lay.attn_block_tokens} tokens, {ex.num_blocks} blocks ({ex.kv_pool_bytes() / 2**30:.1f} GiB "
                     f"KV), capture sizes up to {ex.sizes[-1] if ex.sizes else 0}")
                 freeze_heap()
-                if gi == 0 and ex.graphs is not None:
+                if gi == 0 and ex.graphs is not None and not host_only:
                     try:
                         checks = check_modes(ex, log)
                     except Exception as e:
                         errors_.append(f"check: {type(e).__name__}: {e}")
                         log(f"check FAILED: {traceback.format_exc()}")
                 if reserve:
-                    # Before the steps, so a replay cut short still has them. host.csv has no policy axis:
-                    # measured under vLLM's default (store_all) where replayed.
+                    # Before the steps, so a replay cut short still has them: the policies' verify and
+                    # commit, then host.csv under vLLM's default (store_all) where replayed.
+                    try:
+                        names = policy_names() if host_policies is None else host_policies
+                        policy_rows = H.measure_policy_host(ex, [load_policy(n) for n in names], log, quick=smoke)
+                    except Exception as e:
+                        errors_.append(f"host_policies: {type(e).__name__}: {e}")
+                        log(f"host_policies FAILED: {traceback.format_exc()}")
+                    write_side_tables(mdir, [], [], policy_rows)
                     ex.use_policy(next((r.policy for r in group if r.policy.mamba_state_commit == "store_all"),
                                        group[0].policy))
                     host_policy = ex.policy.name
@@ -550,7 +561,7 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                         except Exception as e:
                             errors_.append(f"gdn_prefill_varlen: {type(e).__name__}: {e}")
                             log(f"gdn_prefill_varlen FAILED: {traceback.format_exc()}")
-                    write_side_tables(mdir, host_rows, varlen_rows)
+                    write_side_tables(mdir, host_rows, varlen_rows, policy_rows)
                     left = None if time_budget_s is None else time_budget_s - (time.perf_counter() - t0)
                 group_end = None if left is None else time.perf_counter() + left / (len(groups) - gi)
                 for k, run in enumerate(group):
@@ -575,10 +586,12 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
             log("interrupted: writing what was measured")
         finally:
             alarm()
-    write_outputs(mdir, rows)
-    provenance.write(mdir / "replay_check.json", {"tolerance": CHECK_TOLERANCE, "cases": checks})
-    write_side_tables(mdir, host_rows, varlen_rows)
-    part = {**env, "git_commit": commit, "command": " ".join(sys.argv), "job": "replay", "mode": mode,
+    if not host_only:
+        write_outputs(mdir, rows)
+        provenance.write(mdir / "replay_check.json", {"tolerance": CHECK_TOLERANCE, "cases": checks})
+    write_side_tables(mdir, host_rows, varlen_rows, policy_rows)
+    part = {**env, "git_commit": commit, "command": " ".join(sys.argv), "job": "host" if host_only else "replay",
+            "mode": mode, "host_policies": sorted({r["policy"] for r in policy_rows}),
             "smoke": smoke, "runs": [r.name for r in runs], "steps_replayed": len(rows) - len(done),
             "steps_resumed": len(done), "reps": reps,
             "warmup": warmup, "kernels": kernels, "host_policy": host_policy, "errors": errors_,
@@ -592,7 +605,7 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
     provenance.write(mdir / "provenance.json", {"model": model.name, **prov})
     log(f"replay: {len(rows)} steps, {len(errors_)} problems, {part['wall_s']} s; wrote {mdir}")
     failed = any(not c["ok"] for c in checks)
-    return 1 if failed or (errors_ and not rows) else 0
+    return 1 if failed or (errors_ and not (rows or host_rows or policy_rows)) else 0
 
 
 def replay_run(ex: object, run: Run, reps: int, warmup: int, end: float | None, gpu: str,
@@ -684,13 +697,16 @@ def write_outputs(mdir: Path, rows: list[dict]) -> None:
     (mdir / "replay_summary.json").write_text(json.dumps(summarize(rows), indent=2) + "\n")
 
 
-def write_side_tables(mdir: Path, host_rows: list[dict], varlen_rows: list[dict]) -> None:
-    """host.csv and gdn_prefill_varlen.csv, where measured."""
+def write_side_tables(mdir: Path, host_rows: list[dict], varlen_rows: list[dict],
+                      policy_rows: Sequence[dict] = ()) -> None:
+    """host.csv, host_policies.csv and gdn_prefill_varlen.csv, where measured."""
     from calibrate.host import COLUMNS as HOST
-    from core.tables import SEQS_COLUMNS
+    from core.tables import HOST_POLICY_COLUMNS, SEQS_COLUMNS
 
     if host_rows:
         write_csv(mdir / "host.csv", host_rows, HOST)
+    if policy_rows:
+        write_csv(mdir / "host_policies.csv", list(policy_rows), HOST_POLICY_COLUMNS)
     if varlen_rows:
         write_csv(mdir / "gdn_prefill_varlen.csv", varlen_rows, SEQS_COLUMNS)
 

@@ -44,6 +44,10 @@ TABLES: dict[str, TableSpec] = {
 # Host time to ISSUE one op with the GPU kept busy (Python + launch, not GPU time), measured
 # by the step executor: results/calibration/<gpu>/<model>/host.csv, one row per (op, n).
 HOST_COLUMNS = ("op", "n", "us", "us_p10", "us_p90", "reps")
+# host_policies.csv: the ops whose launches the commit policy decides, measured per policy
+# (replay's verify concatenates its caches and builds the combined tree: ~2x store_all's launches).
+HOST_POLICY_COLUMNS = ("policy",) + HOST_COLUMNS
+HOST_POLICY_OPS = ("gdn_verify", "gdn_commit")
 HOST_OPS: dict[str, str] = {
     "step_prepare": "requests: input/metadata prep and host-to-device copies before the first launch",
     "step_finish": "requests: sampled tokens to the host and bookkeeping after the GPU is done",

@@ -23,6 +23,9 @@ GPU, which overstates what it costs inside a real step (the replay measured mixe
 30-40% below the sum of those costs); `host_fit.json` beside host.csv (written by
 `specsim calibrate replay --summarize DIR --fit-host`, calibrate.host_fit) holds one scale
 per group of ops (HOST_GROUPS) fitted to the replayed whole steps, applied on load.
+host.csv is measured under one commit policy; `host_policies.csv` beside it holds the ops a
+policy launches itself (core.tables.HOST_POLICY_OPS) for each policy, and a run's own rows
+replace host.csv's for those ops.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from core.interp import Curve1D, from_rows
-from core.tables import HOST_COLUMNS, HOST_OPS, TableError, read_rows
+from core.tables import HOST_COLUMNS, HOST_OPS, HOST_POLICY_COLUMNS, HOST_POLICY_OPS, TableError, read_rows
 
 # Host cost per op when host.csv does not measure it, microseconds. Assumed lower
 # bounds from the H200 anchors, not measurements of this op:
@@ -68,6 +71,7 @@ HOST_GROUPS: dict[str, tuple[str, ...]] = {
     "step": STEP_OPS,
 }
 HOST_FIT = "host_fit.json"
+HOST_POLICIES = "host_policies.csv"  # per-policy rows of HOST_POLICY_OPS (core.tables)
 
 
 class HostCosts:
@@ -113,8 +117,10 @@ class HostCosts:
 
     @classmethod
     def load(cls, path: Path, step_overhead_us: float | None = None, scale: float = 1.0,
-             step_source: str = "analytic", extrapolate: bool = True) -> "HostCosts":
-        """From host.csv where it exists (scaled by host_fit.json beside it, if any), else every op analytic."""
+             step_source: str = "analytic", extrapolate: bool = True, policy: str | None = None) -> "HostCosts":
+        """From host.csv where it exists (scaled by host_fit.json beside it, if any), else every op analytic.
+        policy: the commit policy's rows of host_policies.csv beside it, where it has them, replace
+        host.csv's (measured under one policy) for the ops the policy launches (HOST_POLICY_OPS)."""
         if not path.exists():
             return cls({}, step_overhead_us, scale, step_source)
         fit = path.parent / HOST_FIT
@@ -130,6 +136,20 @@ class HostCosts:
                                        extrapolate=extrapolate).partial()
             except ValueError as e:
                 raise TableError(f"{path}: op {op}: {e}") from None
+        pol = path.parent / HOST_POLICIES
+        if policy and pol.exists():
+            rows = read_rows(pol, HOST_POLICY_COLUMNS)
+            bad = sorted({str(r["op"]) for r in rows} - set(HOST_POLICY_OPS))
+            if bad:
+                raise TableError(f"{pol}: ops {bad} are not priced per policy; valid: {', '.join(HOST_POLICY_OPS)}")
+            for op in HOST_POLICY_OPS:
+                mine = [r for r in rows if r["op"] == op and r["policy"] == policy]
+                if mine:
+                    try:
+                        curves[op] = from_rows(f"host/{policy}/{op}", mine, ("n",), ("log",),
+                                               extrapolate=extrapolate).partial()
+                    except ValueError as e:
+                        raise TableError(f"{pol}: policy {policy} op {op}: {e}") from None
         return cls(curves, step_overhead_us, scale, step_source, groups)
 
 

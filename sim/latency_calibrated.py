@@ -166,7 +166,7 @@ class CalibratedLatencyModel:
             step_us, step_source = ((engine_cfg.step_overhead_us, "config") if engine_cfg.step_overhead_us is not None
                                     else (overhead, "calibrated" if overhead is not None else "analytic"))
             host = HostCosts.load(mdir / "host.csv", step_us, _derived_scale(hw, "overhead"), step_source,
-                                  extrapolate=extrapolate)
+                                  extrapolate=extrapolate, policy=policy.name)
         return cls(model, hw, policy, engine_cfg, tables, kernels, overhead, fallback, piecewise, host)
 
     # ------------------------------------------------------------------ helpers

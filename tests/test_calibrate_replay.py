@@ -204,6 +204,8 @@ def test_tiny_replay_writes_steps_summary_and_provenance(tmp_path, monkeypatch):
     (["--reps", "0"], "--reps must be >= 1"),
     ([], "--steps RUN/steps.csv is required"),
     (["--steps", "nowhere/steps.csv"], "no such steps file"),
+    (["--host-only", "--no-host"], "--host-only measures the host tables: drop --no-host"),
+    (["--host-policies", "store_all,nope"], "nope"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
     extra = [] if args == [] or "--steps" in args else ["--smoke"]
@@ -221,3 +223,32 @@ def test_kv_pool_fits_the_check_batches():
     both = RP.kv_pool_bytes_for([run], 1072, 1, 3, 1 << 40, checks)
     widest = max(1 + sum(-(-(r.context + (r.prefill or 4) + 3) // 1072) for r in reqs) for reqs in checks)
     assert alone == 2 and both == widest > 100
+
+
+def test_policy_host_rows_are_measured_under_each_policy(monkeypatch):
+    import torch
+
+    from calibrate.executor import Executor
+    from core.config import load_model, load_policy
+    from core.tables import HOST_POLICY_OPS
+
+    def issue_once(fn, reps, cpu):  # the op really runs (under the policy's kernels), once
+        fn()
+        return [float(len(used))] * reps
+    used = []
+    monkeypatch.setattr(host, "cycles_per_us", lambda: 1.0)
+    monkeypatch.setattr(host, "issue_times", issue_once)
+    # host.csv's decode batches sit at 1,000-token contexts
+    ex = Executor(load_model("qwen3.5-35b-a3b"), load_policy("store_all"), device=torch.device("cpu"), max_requests=8,
+                  max_context=1100, max_num_seqs=8, max_num_batched_tokens=64, block_size=16, kv_pool_bytes=1 << 20,
+                  kinds=["gdn", "attn"], shapes=TINY)
+    monkeypatch.setattr(type(ex), "use_policy", lambda self, p, f=type(ex).use_policy: (used.append(p.name), f(self, p)))
+    log: list[str] = []
+    pols = [load_policy(p) for p in ("store_all", "replay", "reconstruct_deferred")]
+    rows = host.measure_policy_host(ex, pols + [load_policy("store_all", {"draft_tree_widths": [2, 2]})], log.append,
+                                    quick=True)
+    batches = host._decode_batches(ex, quick=True)
+    assert [(r["policy"], r["op"], r["n"]) for r in rows] == [
+        (p, op, b) for p in ("store_all", "replay", "reconstruct_deferred") for b in batches for op in HOST_POLICY_OPS]
+    assert [r["us"] for r in rows if r["op"] == "gdn_verify"] == [float(k) for k in (1, 2, 3) for _ in batches]
+    assert any("skipped" in line and "differ from this executor" in line for line in log)

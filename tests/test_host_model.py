@@ -112,3 +112,27 @@ def test_host_fit_scales_measured_ops_by_group(tmp_path):
     (tmp_path / "host_fit.json").write_text("[1, 2]")
     with pytest.raises(TableError, match="host_fit.json"):
         HostCosts.load(path)
+
+
+def test_host_policies_replace_the_policy_ops(tmp_path):
+    # host.csv is measured under one policy; a run's own rows of host_policies.csv price its
+    # verify and commit launches (replay issues about twice store_all's), the other ops stay.
+    from core.tables import HOST_POLICY_COLUMNS
+
+    path = tmp_path / "host.csv"
+    _write(path, [{"op": op, "n": n, "us": us} for op, us in (("gdn_verify", 400.0), ("gdn_commit", 100.0),
+                                                                ("attn_core", 50.0)) for n in (1, 64)])
+    with (tmp_path / "host_policies.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=HOST_POLICY_COLUMNS)
+        w.writeheader()
+        w.writerows({"us_p10": 0, "us_p90": 0, "reps": 3, "policy": "replay", "op": op, "n": n, "us": us}
+                    for op, us in (("gdn_verify", 900.0), ("gdn_commit", 250.0)) for n in (1, 64))
+    replay = HostCosts.load(path, policy="replay")
+    assert (replay.us("gdn_verify", 8), replay.us("gdn_commit", 8)) == (pytest.approx(900.0), pytest.approx(250.0))
+    assert replay.us("attn_core", 8) == pytest.approx(50.0)
+    for other in (HostCosts.load(path, policy="store_all"), HostCosts.load(path)):
+        assert (other.us("gdn_verify", 8), other.us("gdn_commit", 8)) == (pytest.approx(400.0), pytest.approx(100.0))
+    with (tmp_path / "host_policies.csv").open("a", newline="") as f:
+        csv.writer(f).writerow(["replay", "attn_core", 1, 9.0, 0, 0, 3])
+    with pytest.raises(TableError, match="not priced per policy"):
+        HostCosts.load(path, policy="replay")

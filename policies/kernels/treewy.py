@@ -70,9 +70,10 @@ class Tuning:
     commit_stages: int = 1
     pending: str = "dot"
     # Register caps (Triton's maxnreg; 0: the compiler's choice). ncu (PROFILE.md): 138 / 130
-    # registers allow 3 programs of 4 warps per SM; <= 128 allows 4, <= 96 five.
-    verify_maxnreg: int = 0
-    commit_maxnreg: int = 0
+    # registers allow 3 programs of 4 warps per SM; <= 128 allows 4, <= 96 five. 128 is run 5's
+    # fastest (kernels_variants_run5.csv: 5,601 us summed over its eight cases; no cap 6,457, 96 6,740).
+    verify_maxnreg: int = 128
+    commit_maxnreg: int = 128
     # Defaults: the fastest tuning of H200 round 1 (results/calibration/h200/kernels_variants.csv).
     pack: bool = True
     prep: bool = True

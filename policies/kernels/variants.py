@@ -17,7 +17,7 @@ VARIANTS: dict[str, Tuning] = {
     "default": Tuning(),
     "tf32x3": Tuning(prec="tf32x3", pack=False, prep=False),
     "bf16x3": Tuning(pack=False, prep=False),
-    "pp-r128": Tuning(verify_maxnreg=128, commit_maxnreg=128),
+    "pp-r0": Tuning(verify_maxnreg=0, commit_maxnreg=0),
     "pp-r96": Tuning(verify_maxnreg=96, commit_maxnreg=96),
     "pp-bv16-w2": Tuning(verify_bv=16, verify_warps=2, commit_bv=16, commit_warps=2),
     "pp-bv16-w4": Tuning(verify_bv=16, commit_bv=16),
