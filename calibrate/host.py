@@ -15,12 +15,12 @@ pinned memory) plus the Python bookkeeping after the GPU is done.
 """
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Callable, Sequence
 
 import torch
 
+from calibrate.timing import spread
 from core.tables import HOST_COLUMNS as COLUMNS
 
 OPS = ("step_prepare", "step_finish", "sample", "attn_core", "gdn_verify", "gdn_commit", "gdn_prefill",
@@ -77,9 +77,8 @@ def gpu_times(fn: Callable[[], object], reps: int, cycles_per_us: float) -> list
 
 
 def _row(op: str, n: int, ts: Sequence[float]) -> dict:
-    q = statistics.quantiles(ts, n=10) if len(ts) > 1 else list(ts) * 9
-    return {"op": op, "n": n, "us": round(statistics.median(ts), 2), "us_p10": round(q[0], 2),
-            "us_p90": round(q[-1], 2), "reps": len(ts)}
+    us, p10, p90 = spread(ts)
+    return {"op": op, "n": n, "us": round(us, 2), "us_p10": round(p10, 2), "us_p90": round(p90, 2), "reps": len(ts)}
 
 
 Record = Callable[..., None]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -34,9 +34,14 @@ def copies_for(bytes_per_call: int, rotate_bytes: int = ROTATE_BYTES, min_copies
     return max(min_copies, min(MAX_COPIES, -(-rotate_bytes // max(1, bytes_per_call))))
 
 
+def spread(ts: Sequence[float]) -> tuple[float, float, float]:
+    """Median, 10th and 90th percentile of the timings (one timing: itself three times)."""
+    q = statistics.quantiles(ts, n=10) if len(ts) > 1 else list(ts) * 9
+    return statistics.median(ts), q[0], q[-1]
+
+
 def _summary(per_call_us: list[float], copies: int) -> Timing:
-    q = statistics.quantiles(per_call_us, n=10) if len(per_call_us) > 1 else per_call_us * 9
-    return Timing(statistics.median(per_call_us), q[0], q[-1], len(per_call_us), copies)
+    return Timing(*spread(per_call_us), len(per_call_us), copies)
 
 
 def time_calls(calls: list[Callable[[], object]], mode: str, device: torch.device,

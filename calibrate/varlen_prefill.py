@@ -10,7 +10,6 @@ Rows: core.tables.SEQS_COLUMNS, mode "graph".
 """
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Callable
 
@@ -26,6 +25,7 @@ def gdn_prefill_varlen_table(ex: object, hw: HardwareConfig, log: Callable[[str]
                              reps: int = 10, end: float | None = None) -> list[dict]:
     """The table's rows, stopping (with the points measured so far) once time.perf_counter() passes `end`."""
     from calibrate.host import cycles_per_us, gpu_times
+    from calibrate.timing import spread
     from sim.step_trace import TracedRequest as R
 
     s = ex.s
@@ -54,10 +54,9 @@ def gdn_prefill_varlen_table(ex: object, hw: HardwareConfig, log: Callable[[str]
             chunked = seqs * -(-per // FLA_CHUNK) * FLA_CHUNK
             flops = 2.0 * chunked * s.gdn_v_heads * (FLA_CHUNK * (s.head_k_dim + s.head_v_dim)
                                                      + 4 * s.head_k_dim * s.head_v_dim)
-            q = statistics.quantiles(ts, n=10)
-            us = statistics.median(ts)
+            us, p10, p90 = spread(ts)
             rows.append({"mode": "graph", "B": seqs, "P": per, "ctx": CONTEXT, "tokens": n, "us": round(us, 3),
-                         "us_p10": round(q[0], 3), "us_p90": round(q[-1], 3), "reps": len(ts), "copies": 1,
+                         "us_p10": round(p10, 3), "us_p90": round(p90, 3), "reps": len(ts), "copies": 1,
                          "flops": int(flops), "bytes": int(nbytes),
                          "pct_bw": round(100 * nbytes / (us * 1e-6) / (hw.hbm_bandwidth_gbs * 1e9), 2),
                          "pct_flops": round(100 * flops / (us * 1e-6) / (hw.bf16_tflops * 1e12), 2), "seqs": seqs})
