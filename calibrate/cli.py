@@ -286,6 +286,8 @@ def _replay(args: argparse.Namespace) -> int:
         load_policy(p)  # a ConfigError names the valid policies
     if args.host_only and args.no_host:
         raise ConfigError("--host-only measures the host tables: drop --no-host")
+    if args.host_only and args.device == "cpu":
+        raise ConfigError("--host-only measures host costs behind a busy GPU: --device must be a CUDA device")
     try:
         return R.replay(args.steps, args.gpu, args.out or _calib_root(args.gpu), smoke=args.smoke,
                         max_steps=args.max_steps, time_budget_s=args.time_budget_s, reps=args.reps,

@@ -206,6 +206,7 @@ def test_tiny_replay_writes_steps_summary_and_provenance(tmp_path, monkeypatch):
     (["--steps", "nowhere/steps.csv"], "no such steps file"),
     (["--host-only", "--no-host"], "--host-only measures the host tables: drop --no-host"),
     (["--host-policies", "store_all,nope"], "nope"),
+    (["--host-only", "--device", "cpu"], "--device must be a CUDA device"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
     extra = [] if args == [] or "--steps" in args else ["--smoke"]
