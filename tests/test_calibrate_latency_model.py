@@ -398,3 +398,22 @@ def test_kernels_selected_by_the_models_state_dtype(tmp_path):
         {"model": MODEL, "policy": "store_all", "B": b, "T": 4, "tree": "1,1,1", "state_dtype": other,
          "verify_us": 5.0 * b, "commit_us": 1.0 * b, "total_us": 6.0 * b, "mode": "graph"} for b in (1, 8)], cols)
     assert load(root).sources.by_term["gdn_verify"] == "analytic"
+
+
+def test_each_policy_prices_its_own_verify_and_commit_launches(tmp_path):
+    # host.csv measured under store_all; host_policies.csv's replay rows price replay's GDN launches
+    from core.tables import HOST_POLICY_COLUMNS
+
+    root = make_tables(tmp_path)
+    write_host(root / MODEL)
+    write_csv(root / MODEL / "host_policies.csv",
+              [{"policy": "replay", "op": op, "n": n, "us": us, "us_p10": 0, "us_p90": 0, "reps": 5}
+               for op, us in (("gdn_verify", 500.0), ("gdn_commit", 200.0)) for n in (1, 4096)], HOST_POLICY_COLUMNS)
+    b = step(MIXED)
+    sa, rp = (load(root, policy=p, pricing="pipeline", async_scheduling=False) for p in ("store_all", "replay"))
+    assert (sa.host.us("gdn_verify", 8), rp.host.us("gdn_verify", 8), rp.host.us("gdn_commit", 8)) == \
+        (pytest.approx(1.0), pytest.approx(500.0), pytest.approx(200.0))
+    assert rp.host.us("attn_core", 8) == sa.host.us("attn_core", 8)
+    # a piecewise step's eager GDN cores are issued by the host: replay's step is host-bound, at least
+    # its layers' 700 us of verify + commit launches; store_all's host costs stay under its GPU time
+    assert rp.step_time(b).total_s >= GDN_LAYERS * 700e-6 > sa.step_time(b).total_s
