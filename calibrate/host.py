@@ -9,7 +9,8 @@ with a longer sleep): an op that synchronises shows up as void every time.
 
 Rows: op, n, us (median), us_p10, us_p90, reps (core.tables.HOST_OPS says what n counts
 for each op); host_policies.csv: the same with a `policy` column first, for the ops each
-commit policy launches itself (core.tables.HOST_POLICY_OPS), measured under every policy. gdn_verify and gdn_prefill include the core's one gating launch.
+commit policy launches itself (core.tables.HOST_POLICY_OPS), measured under every policy.
+gdn_verify and gdn_prefill include the core's one gating launch.
 step_finish is timed with the GPU idle: waiting on the step's tokens (already copied to
 pinned memory) plus the Python bookkeeping after the GPU is done.
 """
