@@ -623,17 +623,12 @@ def _flush_kernel(state_ptr, sel_ptr, pu_ptr, pk_ptr, pg_ptr, pn_ptr, Hk, Hv, P,
                   DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, K16: tl.constexpr,
                   PREC: tl.constexpr, DOT: tl.constexpr):
     """The pending commit of the selected sequences written into the state (nothing else)."""
-    pid = tl.program_id(0)
-    NV: tl.constexpr = DV // BV
-    bh = pid // NV
-    b = (bh // Hv).to(tl.int64)
-    h = bh % Hv
+    b, h, hk, _, rv = state_block(Hk, Hv, DV=DV, BV=BV)
     if tl.load(sel_ptr + b) != 0:
         rk = tl.arange(0, DK)
-        rv = (pid % NV) * BV + tl.arange(0, BV)
         p_s = state_ptr + ((b * Hv + h) * DV + rv[:, None]) * DK + rk[None, :]
-        s = _apply_pending(tl.load(p_s).to(tl.float32), pu_ptr, pk_ptr, pg_ptr, pn_ptr, b, h, h // (Hv // Hk), rv, rk,
-                           Hk, Hv, P, DK=DK, DV=DV, BC=BC, K16=K16, PREC=PREC, DOT=DOT)
+        s = _apply_pending(tl.load(p_s).to(tl.float32), pu_ptr, pk_ptr, pg_ptr, pn_ptr, b, h, hk, rv, rk, Hk, Hv, P,
+                           DK=DK, DV=DV, BC=BC, K16=K16, PREC=PREC, DOT=DOT)
         tl.store(p_s, s.to(state_ptr.dtype.element_ty))
 
 
