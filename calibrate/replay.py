@@ -110,6 +110,11 @@ def summarize(rows: Sequence[dict], measured: str | None = None) -> dict:
         out["runs"][run] = {"n": len(rr), "sum_measured_s": round(ms * 1e-6, 6), "sum_predicted_s": round(p * 1e-6, 6),
                             "sum_error_pct": round(100 * (p - ms) / ms, 3) if ms else None,
                             "kinds": {k: sum(1 for r in rr if r["kind"] == k) for k in SUMMARY_KINDS[:-1]}}
+    # Per policy (run names `<policy>-g<gmu>-c<conc>`, as `make replay-steps` writes them): a policy
+    # whose host work the model lacks shows here, not only in the pooled kinds.
+    policy_of = {run: str(run).split("-")[0] for run in out["runs"]}
+    out["policies"] = {p: {k: errors([r for r in v if policy_of[r["run"]] == p], measured=m)
+                           for k, v in by_kind.items()} for p in sorted(set(policy_of.values()))}
     out["repeatability"] = repeatability(rows, m)
     out["units"] = ("median_ape, p90_ape, bias and sum_error_pct in percent; "
                     f"bias = mean of (predicted - {m}) / {m}")

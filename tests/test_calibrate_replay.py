@@ -35,6 +35,16 @@ def test_summary_errors_per_kind_and_sums():
     assert s["runs"]["b"]["sum_error_pct"] == -50.0 and s["runs"]["a"]["kinds"]["uniform_decode"] == 3
 
 
+def test_summary_errors_per_policy():
+    rows = [_row("mixed_graph", 100, 110, run="store_all-g0.6-c32"), _row("mixed_graph", 100, 70, run="replay-g0.6-c32"),
+            _row("mixed_graph", 100, 60, run="replay-g0.9-c32")]
+    s = RP.summarize(rows)
+    assert set(s["policies"]) == {"replay", "store_all"}
+    assert s["policies"]["store_all"]["mixed_graph"]["bias"] == 10.0
+    assert s["policies"]["replay"]["mixed_graph"] == {"n": 2, "median_ape": 35.0, "p90_ape": 40.0, "bias": -35.0}
+    assert s["policies"]["replay"]["uniform_decode"]["n"] == 0 and s["mixed_graph"]["n"] == 3
+
+
 def test_repeatability_pairs_the_same_step_of_runs_that_differ_only_in_gmu():
     def row(run, step, us, kind="mixed_graph", tokens=100):
         return {**_row(kind, us, us, run=run), "step": step, "tokens": tokens}
