@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import shutil
 import tarfile
 from pathlib import Path
@@ -71,6 +72,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--host-policies", default="",
                    help="comma list of policy configs host_policies.csv measures (default: every one of the "
                         "executor's step shape)")
+    r.add_argument("--pin-cpu", type=int, default=None, metavar="CPU",
+                   help="run the replay's thread on this CPU alone (host-bound steps drift less)")
     r.add_argument("--model", default=None, help="--smoke without --steps: model config name")
     r.add_argument("--policy", default="store_all", help="--smoke without --steps: policy config name")
     r.add_argument("--device", default="cuda")
@@ -273,7 +276,7 @@ def _replay(args: argparse.Namespace) -> int:
                 evaluate = step_evaluator(prepare_steps(rows, runs, args.gpu))
             except ValueError as e:
                 raise ConfigError(f"--fit-host: {e}") from None
-            fit = fit_host(evaluate, rows, args.summarize / "replay_steps.csv")
+            fit = fit_host(evaluate, R.nominal_rows(rows), args.summarize / "replay_steps.csv")
             atomic_write_text(args.summarize / HOST_FIT, json.dumps(fit, indent=2) + "\n")
         R.reprice(rows, runs, args.gpu, print)
         R.write_outputs(args.summarize, rows)
@@ -286,6 +289,9 @@ def _replay(args: argparse.Namespace) -> int:
         load_policy(p)  # a ConfigError names the valid policies
     if args.host_only and args.no_host:
         raise ConfigError("--host-only measures the host tables: drop --no-host")
+    if args.pin_cpu is not None and args.pin_cpu not in os.sched_getaffinity(0):
+        raise ConfigError(f"--pin-cpu must be one of this process's CPUs {sorted(os.sched_getaffinity(0))}; "
+                          f"got {args.pin_cpu}")
     if args.host_only and args.device == "cpu":
         raise ConfigError("--host-only measures host costs behind a busy GPU: --device must be a CUDA device")
     try:
@@ -293,7 +299,7 @@ def _replay(args: argparse.Namespace) -> int:
                         max_steps=args.max_steps, time_budget_s=args.time_budget_s, reps=args.reps,
                         warmup=args.warmup, mode=args.mode, kv_pool_gb=args.kv_pool_gb, host=not args.no_host,
                         model_name=args.model, policy_name=args.policy, device=args.device, resume=args.resume,
-                        host_only=args.host_only, host_policies=host_policies,
+                        host_only=args.host_only, host_policies=host_policies, pin_cpu=args.pin_cpu,
                         commit=args.git_commit or provenance.git_commit(), log=functools.partial(print, flush=True))
     except StepTraceError as e:
         raise ConfigError(str(e)) from None

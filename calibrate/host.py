@@ -13,9 +13,13 @@ commit policy launches itself (core.tables.HOST_POLICY_OPS), measured under ever
 gdn_verify and gdn_prefill include the core's one gating launch.
 step_finish is timed with the GPU idle: waiting on the step's tokens (already copied to
 pinned memory) plus the Python bookkeeping after the GPU is done.
+
+`HostProbe` measures how fast the host issues work at one moment; the replay records it
+beside every step and every host table, since the device's host runs in speed regimes.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Callable, Sequence
 
@@ -27,6 +31,9 @@ from core.tables import HOST_COLUMNS as COLUMNS
 OPS = ("step_prepare", "step_finish", "sample", "attn_core", "gdn_verify", "gdn_commit", "gdn_prefill",
        "eager_dense_gdn", "eager_dense_attn", "eager_moe", "full_graph", "piece_graph", "drafter_pass")
 SLEEP_US = 200_000  # the busy kernel: longer than any op's `reps` issues take together
+PROBE_LAUNCHES = 64  # launches per probe block; a probe is the median of PROBE_BLOCKS blocks
+PROBE_BLOCKS = 3
+PROBE_SLEEP_US = 3_000  # keeps the GPU busy past a probe's ~1 ms of launches
 
 
 def cycles_per_us() -> float:
@@ -75,6 +82,34 @@ def gpu_times(fn: Callable[[], object], reps: int, cycles_per_us: float) -> list
         if not idle:
             return [a.elapsed_time(b) * 1e3 for a, b in zip(marks, marks[1:])]
     return None
+
+
+class HostProbe:
+    """The host's speed now: the time (us) to issue one small eager op (an in-place add on a
+    16-element tensor; median of PROBE_BLOCKS blocks of PROBE_LAUNCHES launches, per launch)
+    behind a busy GPU, so each launch only enqueues. The device's host runs in regimes: the
+    same host-bound step measured 45, 62 or 88 ms in stretches of minutes (calibrate/REPLAY.md),
+    and a host-bound step's time is comparable with the host tables only at the same host speed.
+    About 1 ms a call; leaves the GPU idle."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.x = torch.zeros(16, device=device)
+        self.cuda = self.x.is_cuda
+        self.cycles = cycles_per_us() if self.cuda else 0.0
+
+    def __call__(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda._sleep(int(PROBE_SLEEP_US * self.cycles))
+        blocks = []
+        for _ in range(PROBE_BLOCKS):
+            t0 = time.perf_counter()
+            for _ in range(PROBE_LAUNCHES):
+                self.x.add_(1.0)
+            blocks.append((time.perf_counter() - t0) * 1e6 / PROBE_LAUNCHES)
+        if self.cuda:
+            torch.cuda.synchronize()
+        return round(statistics.median(blocks), 3)
 
 
 def _row(op: str, n: int, ts: Sequence[float]) -> dict:

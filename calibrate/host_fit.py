@@ -12,6 +12,8 @@ Each evaluation re-runs only the pipeline (sim.host_model.pipeline) over each st
 priced once at unit scales with every host cost tagged by its op (`prepare_steps`): a fit
 of 1,150 steps takes seconds, not a re-pricing per trial.
 
+Only the replay's nominal rows are fitted (calibrate.replay.nominal_rows: measured while the
+host probe read the fastest regime, as the host tables were); the simulator prices that host.
 It is checked out of sample before it is written: fitted on the gmu 0.6 runs and scored on
 the gmu 0.9 runs, and the other way round (the two halves replay the same traces at c1 and
 c32, measured at other times of the replay). The scales written are fitted on every row;
@@ -143,7 +145,7 @@ def fit_host(evaluate: Evaluate, rows: Sequence[dict], source: Path | None = Non
 
     def brief(s: dict) -> dict:
         return {k: {m: s[k][m] for m in ("n", "median_ape", "p90_ape", "bias")} for k in SUMMARY_KINDS}
-    out: dict = {"groups": {g: list(HOST_GROUPS[g]) for g in HOST_GROUPS}, "grid": list(GRID),
+    out: dict = {"groups": {g: list(HOST_GROUPS[g]) for g in HOST_GROUPS}, "grid": list(GRID), "rows": len(rows),
                  "fit_kinds": list(FIT_KINDS), "method": "joint grid search of the first two fitted groups, then "
                  "coordinate descent, on the summed median absolute error of fit_kinds; groups not fitted kept at 1 "
                  "(calibrate/host_fit.py)", "held_out": {}}

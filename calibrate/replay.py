@@ -31,6 +31,7 @@ import csv
 import gc
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -45,7 +46,7 @@ from core.files import atomic_write_text
 SUMMARY_KINDS = ("uniform_decode", "mixed_graph", "mixed_eager", "prefill_only", "all")
 BASE_COLUMNS = ("run", "step", "kind", "mode", "tokens", "padded_tokens", "requests", "decodes", "prefills",
                 "context_tokens", "measured_us", "measured_sync_us", "measured_async_us", "measured_sync_min_us",
-                "measured_sync_max_us", "reps", "predicted_us",
+                "measured_sync_max_us", "reps", "host_probe_us", "predicted_us",
                 "old_predicted_us")
 HOST_RESERVE_S = 60.0  # seconds of the time budget kept for the host-cost measurement
 PROGRESS_S = 5.0  # replay_steps.csv and the summary are rewritten at least this often
@@ -62,6 +63,11 @@ MEASURED_NOTE = {
     "measured_sync_us": "synchronous step: host prep to sampled tokens on the host, median of --reps after warm-up",
     "measured_async_us": "async-scheduling steady state: period between consecutive steps' tokens on the host",
 }
+# The simulator prices an uncontended host: the replay's fastest regime. A row is nominal when the
+# host probe before it (calibrate.host.HostProbe) is within NOMINAL_TOLERANCE of the replay's
+# PROBE_REF_QUANTILE of probes; host-bound steps measured in a slower regime say nothing of the model.
+NOMINAL_TOLERANCE = 0.10
+PROBE_REF_QUANTILE = 0.1
 ASYNC_STEPS = 4  # pipelined steps per async timing of a short step: the period over 3 intervals
 ASYNC_WORK_S = 0.15  # a longer step gets fewer pipelined steps (at least 2: one interval of >= 75 ms)
 
@@ -105,10 +111,7 @@ def summarize(rows: Sequence[dict], measured: str | None = None) -> dict:
     out["runs"] = {}
     for run in sorted({r["run"] for r in rows}):
         rr = [r for r in rows if r["run"] == run]
-        ms = sum(r[m] for r in rr if _num(r.get(m)))
-        p = sum(r["predicted_us"] for r in rr if _num(r["predicted_us"]))
-        out["runs"][run] = {"n": len(rr), "sum_measured_s": round(ms * 1e-6, 6), "sum_predicted_s": round(p * 1e-6, 6),
-                            "sum_error_pct": round(100 * (p - ms) / ms, 3) if ms else None,
+        out["runs"][run] = {**_sum_error(rr, m),
                             "kinds": {k: sum(1 for r in rr if r["kind"] == k) for k in SUMMARY_KINDS[:-1]}}
     # Per policy (run names `<policy>-g<gmu>-c<conc>`, as `make replay-steps` writes them): a policy
     # whose host work the model lacks shows here, not only in the pooled kinds.
@@ -116,6 +119,7 @@ def summarize(rows: Sequence[dict], measured: str | None = None) -> dict:
     out["policies"] = {p: {k: errors([r for r in v if policy_of[r["run"]] == p], measured=m)
                            for k, v in by_kind.items()} for p in sorted(set(policy_of.values()))}
     out["repeatability"] = repeatability(rows, m)
+    out["host_speed"] = host_speed(rows, m)
     out["units"] = ("median_ape, p90_ape, bias and sum_error_pct in percent; "
                     f"bias = mean of (predicted - {m}) / {m}")
     return out
@@ -144,6 +148,60 @@ def repeatability(rows: Sequence[dict], measured: str | None = None) -> dict:
         out[kind] = {"pairs": len(d), "median_pct": round(statistics.median(d), 3),
                      "p90_pct": round(d[min(len(d) - 1, math.ceil(0.9 * len(d)) - 1)], 3)}
     return out
+
+
+def _quantile(xs: Sequence[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
+
+
+def probe_ref(rows: Sequence[dict]) -> float | None:
+    """The fastest host regime's probe (us per launch): PROBE_REF_QUANTILE of the rows' host probes."""
+    probes = [r["host_probe_us"] for r in rows if _num(r.get("host_probe_us"))]
+    return _quantile(probes, PROBE_REF_QUANTILE) if probes else None
+
+
+def nominal_rows(rows: Sequence[dict]) -> list[dict]:
+    """The rows measured at nominal host speed (probe within NOMINAL_TOLERANCE of probe_ref);
+    every row when none was probed (replays before the probe)."""
+    ref = probe_ref(rows)
+    if ref is None:
+        return list(rows)
+    return [r for r in rows if _num(r.get("host_probe_us")) and r["host_probe_us"] <= ref * (1 + NOMINAL_TOLERANCE)]
+
+
+def host_speed(rows: Sequence[dict], measured: str | None = None) -> dict:
+    """The host probe's spread over the replay and the errors per kind at nominal host speed (and
+    apart, in the slower regimes), with the repeatability of steps measured twice at nominal speed."""
+    m = measured or MEASURED
+    probed = [r for r in rows if _num(r.get("host_probe_us"))]
+    if not probed:
+        return {"rows_probed": 0}
+    ref = probe_ref(probed)
+    nominal = nominal_rows(probed)
+    keep = {id(r) for r in nominal}
+    slow = [r for r in probed if id(r) not in keep]
+    probes = [r["host_probe_us"] for r in probed]
+
+    def kinds(rr: Sequence[dict]) -> dict:
+        return {k: errors([r for r in rr if k == "all" or r["kind"] == k], measured=m) for k in SUMMARY_KINDS}
+    return {"rows_probed": len(probed), "ref_us": ref, "tolerance": NOMINAL_TOLERANCE,
+            "probe_p50_us": _quantile(probes, 0.5), "probe_p90_us": _quantile(probes, 0.9),
+            "probe_max_us": max(probes), "nominal_rows": len(nominal),
+            "nominal": kinds(nominal), "slower": kinds(slow),
+            "nominal_sum_measured_s": round(sum(r[m] for r in nominal if _num(r.get(m))) * 1e-6, 6),
+            "nominal_sum_predicted_s": round(sum(r["predicted_us"] for r in nominal
+                                                 if _num(r.get("predicted_us"))) * 1e-6, 6),
+            "nominal_repeatability": repeatability(nominal, m),
+            "nominal_runs": {run: _sum_error([r for r in nominal if r["run"] == run], m)
+                             for run in sorted({r["run"] for r in nominal})}}
+
+
+def _sum_error(rows: Sequence[dict], m: str) -> dict:
+    ms = sum(r[m] for r in rows if _num(r.get(m)))
+    p = sum(r["predicted_us"] for r in rows if _num(r.get("predicted_us")))
+    return {"n": len(rows), "sum_measured_s": round(ms * 1e-6, 6), "sum_predicted_s": round(p * 1e-6, 6),
+            "sum_error_pct": round(100 * (p - ms) / ms, 3) if ms else None}
 
 
 def write_csv(path: Path, rows: Sequence[dict], columns: Sequence[str]) -> None:
@@ -426,14 +484,15 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
            kv_pool_gb: float = 24.0, host: bool = True, model_name: str | None = None,
            policy_name: str = "store_all", device: str = "cuda", commit: str | None = None,
            shapes: object | None = None, kinds: list[str] | None = None, resume: Path | None = None,
-           host_only: bool = False, host_policies: Sequence[str] | None = None,
+           host_only: bool = False, host_policies: Sequence[str] | None = None, pin_cpu: int | None = None,
            log: Callable[[str], None] = print) -> int:
     """Replay every run (or --smoke's synthetic steps); returns the exit status. `shapes` and
     `kinds` (layer types in order) override the model's (tiny CPU tests). `resume`: a previous
     replay's <out>/<model> folder, whose rows are kept (those steps are not replayed again) and
     whose provenance parts are carried over. host_only: the host tables alone (host.csv and
     host_policies.csv: no check, no varlen table, no steps). host_policies: the policy configs
-    host_policies.csv measures (default: every one of the executor's step shape)."""
+    host_policies.csv measures (default: every one of the executor's step shape). pin_cpu: the
+    replay's thread runs on that CPU alone (after CUDA's own threads have started elsewhere)."""
     import torch
 
     from calibrate import host as H
@@ -475,6 +534,10 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
             torch.cuda.synchronize()
         log(f"weights: {torch.cuda.memory_allocated() / 2**30 if dev.type == 'cuda' else 0:.1f} GiB in "
             f"{time.perf_counter() - tw:.1f} s")
+        if pin_cpu is not None:
+            os.sched_setaffinity(0, {pin_cpu})  # this thread only: CUDA's and torch's threads keep theirs
+        probe = H.HostProbe(dev)
+        host_probes: dict[str, list[float]] = {}
         quota = None if max_steps is None else max(1, max_steps // len(runs))
         rows: list[dict] = read_replay_rows(resume / "replay_steps.csv") if resume else []
         done = {(r["run"], int(r["step"])) for r in rows}
@@ -544,21 +607,26 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                 if reserve:
                     # Before the steps, so a replay cut short still has them: the policies' verify and
                     # commit, then host.csv under vLLM's default (store_all) where replayed.
+                    host_probes["host_policies"] = [probe()]
                     try:
                         names = policy_names() if host_policies is None else host_policies
                         policy_rows = H.measure_policy_host(ex, [load_policy(n) for n in names], log, quick=smoke)
                     except Exception as e:
                         errors_.append(f"host_policies: {type(e).__name__}: {e}")
                         log(f"host_policies FAILED: {traceback.format_exc()}")
+                    host_probes["host_policies"].append(probe())
                     write_side_tables(mdir, [], [], policy_rows)
                     ex.use_policy(next((r.policy for r in group if r.policy.mamba_state_commit == "store_all"),
                                        group[0].policy))
                     host_policy = ex.policy.name
+                    host_probes["host"] = [probe()]
                     try:
                         host_rows = H.measure_host(ex, log, quick=smoke)
                     except Exception as e:
                         errors_.append(f"host: {type(e).__name__}: {e}")
                         log(f"host FAILED: {traceback.format_exc()}")
+                    host_probes["host"].append(probe())
+                    log(f"host probe (us per launch) before/after: {host_probes}")
                     if varlen and ex.chunk_fn is not None:
                         try:
                             varlen_rows = gdn_prefill_varlen_table(ex, hw, log,
@@ -578,7 +646,7 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                     kernels[run.policy.name] = ex.kernel_sources()
                     log(f"[{run.name}] policy {run.policy.name}: kernels {kernels[run.policy.name]}")
                     replay_run(ex, run, reps, warmup, end, gpu, rows, errors_, log,
-                               on_progress=lambda: write_outputs(mdir, rows))
+                               on_progress=lambda: write_outputs(mdir, rows), probe=probe)
                 if ex.graphs is not None:
                     log(f"[executor {gi + 1}] {len(ex.graphs)} graphs captured in {ex.graphs.capture_s:.1f} s")
                 del ex
@@ -600,6 +668,7 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
             "smoke": smoke, "runs": [r.name for r in runs], "steps_replayed": len(rows) - len(done),
             "steps_resumed": len(done), "reps": reps,
             "warmup": warmup, "kernels": kernels, "host_policy": host_policy, "errors": errors_,
+            "host_probe_us": host_probes, "pinned_cpu": pin_cpu,
             "wall_s": round(time.perf_counter() - t0, 1)}
     part["device_time_s"] = part["wall_s"]
     prov = provenance.read(mdir / "provenance.json")
@@ -615,9 +684,9 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
 
 def replay_run(ex: object, run: Run, reps: int, warmup: int, end: float | None, gpu: str,
                rows: list[dict], errors_: list[str], log: Callable[[str], None],
-               on_progress: Callable[[], None]) -> None:
+               on_progress: Callable[[], None], probe: Callable[[], float] | None = None) -> None:
     """Time the sampled steps of one run (synthetic steps of every kind for --smoke) until `end`,
-    appending a row per step to `rows`."""
+    appending a row per step to `rows`; `probe` (calibrate.host.HostProbe) is taken right before each."""
     if run.smoke:
         synthetic = [(_synthetic_traced(reqs, j), False)
                      for j, (_, reqs) in enumerate(synthetic_steps(ex.positions, ex.depth, ex.sizes))]
@@ -633,6 +702,7 @@ def replay_run(ex: object, run: Run, reps: int, warmup: int, end: float | None, 
             log(f"  time budget: stopping {run.name} after {j} of {len(steps)} steps")
             break
         try:
+            host_probe = probe() if probe is not None else math.nan
             ts, o = time_step(ex, step.requests, flush, reps, warmup, end)
             async_us = time_step_async(ex, step.requests, flush, async_steps(statistics.median(ts)), end)
         except BudgetSpent:
@@ -653,7 +723,7 @@ def replay_run(ex: object, run: Run, reps: int, warmup: int, end: float | None, 
                "measured_us": async_us if run.meta.get("engine", {}).get("async_scheduling") else statistics.median(ts),
                "measured_sync_us": statistics.median(ts), "measured_async_us": async_us,
                "measured_sync_min_us": q[0], "measured_sync_max_us": q[-1],
-               "reps": len(ts), "predicted_us": step.predicted_us,
+               "reps": len(ts), "host_probe_us": host_probe, "predicted_us": step.predicted_us,
                "old_predicted_us": old(step) if old else math.nan,
                **{f"pred_{k}": v for k, v in step.terms_us.items()}}
         rows.append(row)

@@ -57,6 +57,34 @@ def test_repeatability_pairs_the_same_step_of_runs_that_differ_only_in_gmu():
     assert rep["uniform_decode"]["pairs"] == 1 and rep["uniform_decode"]["median_pct"] == pytest.approx(0.995, abs=1e-3)
 
 
+def test_host_speed_scores_the_nominal_regime_apart():
+    # The device's host drifts between speed regimes: a step measured while the probe reads slow
+    # is scored apart, and the nominal regime is the fastest probes' (10th percentile, +10%).
+    def row(run, step, us, probe, kind="mixed_graph"):
+        return {**_row(kind, us, 100.0, run=run), "step": step, "tokens": 50, "host_probe_us": probe}
+    fast = [row("store_all-g0.6-c32", i, 101.0 + i % 3, 5.0 + 0.1 * (i % 4)) for i in range(20)]
+    slow = [row("store_all-g0.9-c32", i, 170.0, 8.5) for i in range(10)]
+    twin = [row("store_all-g0.9-c32", 100 + i, 103.0, 5.2) for i in range(4)]  # steps 100..103 measured twice
+    twin += [row("store_all-g0.6-c32", 100 + i, 101.0, 5.0) for i in range(4)]
+    unprobed = [{**row("store_all-g0.6-c1", 0, 500.0, 0.0), "host_probe_us": math.nan}]
+    s = RP.summarize(fast + slow + twin + unprobed)
+    hs = s["host_speed"]
+    assert hs["rows_probed"] == 38 and hs["ref_us"] == 5.0 and hs["nominal_rows"] == 28
+    assert hs["nominal"]["mixed_graph"]["n"] == 28 and hs["nominal"]["mixed_graph"]["bias"] < -0.9
+    assert hs["slower"]["mixed_graph"] == {"n": 10, "median_ape": 41.176, "p90_ape": 41.176, "bias": -41.176}
+    assert hs["nominal_repeatability"]["mixed_graph"]["pairs"] == 4
+    assert hs["nominal_runs"]["store_all-g0.9-c32"]["n"] == 4
+    assert s["mixed_graph"]["n"] == 39  # the pooled kinds keep every row
+    assert RP.nominal_rows(slow) == slow and RP.nominal_rows(unprobed) == unprobed  # one regime; never probed
+    assert RP.summarize(unprobed)["host_speed"] == {"rows_probed": 0}
+
+
+def test_host_probe_times_one_launch():
+    probe = host.HostProbe("cpu")
+    us = [probe() for _ in range(3)]
+    assert all(0 < u < 1e4 for u in us) and probe.x[0].item() == 3 * host.PROBE_BLOCKS * host.PROBE_LAUNCHES
+
+
 def test_summary_can_compare_against_another_measurement():
     s = RP.summarize([_row("uniform_decode", 100, 110)], measured="measured_sync_us")
     assert s["compared_against"] == "measured_sync_us" and s["uniform_decode"]["median_ape"] == 10900.0
@@ -194,6 +222,7 @@ def test_tiny_replay_writes_steps_summary_and_provenance(tmp_path, monkeypatch):
     assert [r["step"] for r in rows] == [0, 1] and [r["kind"] for r in rows] == ["prefill_only", "uniform_decode"]
     assert all(r["measured_us"] > 0 and r["mode"] == "eager" for r in rows)
     assert all(r["measured_us"] == r["measured_async_us"] for r in rows)  # the run simulated async scheduling
+    assert all(r["host_probe_us"] > 0 for r in rows)
     assert rows[1]["pred_gdn"] == 40.0 and rows[1]["predicted_us"] == 80.0 and rows[1]["tokens"] == 4
     summary = json.loads((mdir / "replay_summary.json").read_text())
     assert set(RP.SUMMARY_KINDS) <= set(summary) and summary["runs"]["c1"]["n"] == 2
@@ -217,6 +246,7 @@ def test_tiny_replay_writes_steps_summary_and_provenance(tmp_path, monkeypatch):
     (["--host-only", "--no-host"], "--host-only measures the host tables: drop --no-host"),
     (["--host-policies", "store_all,nope"], "nope"),
     (["--host-only", "--device", "cpu"], "--device must be a CUDA device"),
+    (["--pin-cpu", "100000"], "--pin-cpu must be one of this process's CPUs"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
     extra = [] if args == [] or "--steps" in args else ["--smoke"]
