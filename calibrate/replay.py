@@ -68,6 +68,11 @@ MEASURED_NOTE = {
 # PROBE_REF_QUANTILE of probes; host-bound steps measured in a slower regime say nothing of the model.
 NOMINAL_TOLERANCE = 0.10
 PROBE_REF_QUANTILE = 0.1
+# vLLM's workers run torch with one CPU thread ("Reducing Torch parallelism from N threads to 1 to
+# avoid unnecessary CPU contention", vllm/utils set_multiprocessing_worker_envs, logged by the
+# multiproc executor): with a pool of threads a step's small CPU ops (fla's varlen index
+# building) woke spinning workers, and a replay pinned to one CPU ran 2-prefill steps 2.6x slower.
+TORCH_THREADS = 1
 ASYNC_STEPS = 4  # pipelined steps per async timing of a short step: the period over 3 intervals
 ASYNC_WORK_S = 0.15  # a longer step gets fewer pipelined steps (at least 2: one interval of >= 75 ms)
 
@@ -527,138 +532,143 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
     log(f"replay {model.name} on {env['gpu']}: {len(runs)} run(s), "
         f"{sum(len(r.steps) for r in runs)} traced steps, mode {mode}{', smoke' if smoke else ''}")
     shapes = shapes or LayerShapes.from_model(model)
-    with torch.inference_mode():
-        tw = time.perf_counter()
-        w = Weights.build(shapes, kinds, dev)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        log(f"weights: {torch.cuda.memory_allocated() / 2**30 if dev.type == 'cuda' else 0:.1f} GiB in "
-            f"{time.perf_counter() - tw:.1f} s")
-        if pin_cpu is not None:
-            os.sched_setaffinity(0, {pin_cpu})  # this thread only: CUDA's and torch's threads keep theirs
-        probe = H.HostProbe(dev)
-        host_probes: dict[str, list[float]] = {}
-        quota = None if max_steps is None else max(1, max_steps // len(runs))
-        rows: list[dict] = read_replay_rows(resume / "replay_steps.csv") if resume else []
-        done = {(r["run"], int(r["step"])) for r in rows}
-        for run in runs:  # only the picked steps are sized for, priced and replayed, in replay order
-            run.steps = [] if host_only else [run.steps[i] for i in pick([s.kind for s in run.steps], quota)
-                                              if (run.name, run.steps[i].step) not in done]
-        if resume:
-            log(f"resume: {len(rows)} steps kept from {resume}; {sum(len(r.steps) for r in runs)} still to replay")
-        freeze_heap()
-        checks: list[dict] = []
-        host_rows: list[dict] = []
-        policy_rows: list[dict] = []
-        varlen_rows: list[dict] = []
-        host_policy = None
-        errors_: list[str] = []
-        kernels: dict = {}  # per policy: which implementation each core ran
-        # One executor per step shape (engine sizes, verify positions, drafter passes, KV block): its
-        # runs share the dense pieces' graphs, whatever their policies; runs of a policy are adjacent.
-        groups: dict[tuple, list[Run]] = {}
-        for run in sorted(runs, key=lambda r: r.policy.name):
-            seqs = run.engine.max_num_seqs or hw.max_num_seqs
-            tokens = run.engine.max_num_batched_tokens or hw.max_num_batched_tokens
-            pol = make_policy(model, run.policy)
-            key = (seqs, tokens, step_shape(model, pol, seqs, tokens)[:3],
-                   block_layout(model, pol, 1 << 40).attn_block_tokens)
-            groups.setdefault(key, []).append(run)
-        varlen = "gdn" in kinds and not smoke and not host_only
-        host_reserve = ((HOST_RESERVE_S / 3 if smoke else HOST_RESERVE_S) + (VARLEN_RESERVE_S if varlen else 0.0)
-                        if host and dev.type == "cuda" else 0.0)
-        # Backstop past the budget plus its grace: a KeyboardInterrupt wherever it is (outputs kept).
-        alarm = arm_alarm(None if time_budget_s is None else time_budget_s - (time.perf_counter() - t0))
-        try:
-            for gi, (key, group) in enumerate(groups.items()):
-                reserve = host_reserve if gi == 0 else 0.0  # the first executor also measures host.csv
-                left = None if time_budget_s is None else time_budget_s - reserve - (time.perf_counter() - t0)
-                if left is not None and left <= 0:
-                    errors_ += [f"{run.name}: skipped, time budget spent" for run in group]
-                    continue
-                first = group[0]
-                lay = block_layout(model, make_policy(model, first.policy), 1 << 40)
-                block_bytes = lay.attn_block_tokens * shapes.kv_bytes_per_token * (model.attn_layers + 1)
-                all_steps = [s for run in group for s in run.steps]
-                # At least 8k of context: the check and host.csv use their own batches.
-                max_ctx = max([8192] + [r.context + (r.prefill or ex_positions(r)) for s in all_steps
-                                        for r in s.requests])
-                max_req = max((len(s.requests) for s in all_steps), default=160)
-                positions, depth, sizes = key[2]
-                kv_bytes = kv_pool_bytes_for(group, lay.attn_block_tokens, block_bytes, model.mtp_depth,
-                                             int(kv_pool_gb * 2**30),
-                                             [r for _, r in synthetic_steps(positions, depth, sizes)]) \
-                    if all_steps else 4 << 30
-                ex = Executor(model, first.policy, device=dev, max_requests=max_req, max_context=max_ctx,
-                              max_num_seqs=first.engine.max_num_seqs or hw.max_num_seqs,
-                              max_num_batched_tokens=first.engine.max_num_batched_tokens or hw.max_num_batched_tokens,
-                              block_size=lay.attn_block_tokens, kv_pool_bytes=kv_bytes, mode=mode, kinds=kinds,
-                              shapes=shapes, log=log, weights=w)
-                log(f"[executor {gi + 1}/{len(groups)}] runs {[r.name for r in group]}: block "
-                    f"{lay.attn_block_tokens} tokens, {ex.num_blocks} blocks ({ex.kv_pool_bytes() / 2**30:.1f} GiB "
-                    f"KV), capture sizes up to {ex.sizes[-1] if ex.sizes else 0}")
-                freeze_heap()
-                if gi == 0 and ex.graphs is not None and not host_only:
-                    try:
-                        checks = check_modes(ex, log)
-                    except Exception as e:
-                        errors_.append(f"check: {type(e).__name__}: {e}")
-                        log(f"check FAILED: {traceback.format_exc()}")
-                if reserve:
-                    # Before the steps, so a replay cut short still has them: the policies' verify and
-                    # commit, then host.csv under vLLM's default (store_all) where replayed.
-                    host_probes["host_policies"] = [probe()]
-                    try:
-                        names = policy_names() if host_policies is None else host_policies
-                        policy_rows = H.measure_policy_host(ex, [load_policy(n) for n in names], log, quick=smoke)
-                    except Exception as e:
-                        errors_.append(f"host_policies: {type(e).__name__}: {e}")
-                        log(f"host_policies FAILED: {traceback.format_exc()}")
-                    host_probes["host_policies"].append(probe())
-                    write_side_tables(mdir, [], [], policy_rows)
-                    ex.use_policy(next((r.policy for r in group if r.policy.mamba_state_commit == "store_all"),
-                                       group[0].policy))
-                    host_policy = ex.policy.name
-                    host_probes["host"] = [probe()]
-                    try:
-                        host_rows = H.measure_host(ex, log, quick=smoke)
-                    except Exception as e:
-                        errors_.append(f"host: {type(e).__name__}: {e}")
-                        log(f"host FAILED: {traceback.format_exc()}")
-                    host_probes["host"].append(probe())
-                    log(f"host probe (us per launch) before/after: {host_probes}")
-                    if varlen and ex.chunk_fn is not None:
+    prev_threads = torch.get_num_threads()
+    torch.set_num_threads(TORCH_THREADS)
+    try:
+        with torch.inference_mode():
+            tw = time.perf_counter()
+            w = Weights.build(shapes, kinds, dev)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            log(f"weights: {torch.cuda.memory_allocated() / 2**30 if dev.type == 'cuda' else 0:.1f} GiB in "
+                f"{time.perf_counter() - tw:.1f} s")
+            if pin_cpu is not None:
+                os.sched_setaffinity(0, {pin_cpu})  # this thread only: CUDA's and torch's threads keep theirs
+            probe = H.HostProbe(dev)
+            host_probes: dict[str, list[float]] = {}
+            quota = None if max_steps is None else max(1, max_steps // len(runs))
+            rows: list[dict] = read_replay_rows(resume / "replay_steps.csv") if resume else []
+            done = {(r["run"], int(r["step"])) for r in rows}
+            for run in runs:  # only the picked steps are sized for, priced and replayed, in replay order
+                run.steps = [] if host_only else [run.steps[i] for i in pick([s.kind for s in run.steps], quota)
+                                                  if (run.name, run.steps[i].step) not in done]
+            if resume:
+                log(f"resume: {len(rows)} steps kept from {resume}; {sum(len(r.steps) for r in runs)} still to replay")
+            freeze_heap()
+            checks: list[dict] = []
+            host_rows: list[dict] = []
+            policy_rows: list[dict] = []
+            varlen_rows: list[dict] = []
+            host_policy = None
+            errors_: list[str] = []
+            kernels: dict = {}  # per policy: which implementation each core ran
+            # One executor per step shape (engine sizes, verify positions, drafter passes, KV block): its
+            # runs share the dense pieces' graphs, whatever their policies; runs of a policy are adjacent.
+            groups: dict[tuple, list[Run]] = {}
+            for run in sorted(runs, key=lambda r: r.policy.name):
+                seqs = run.engine.max_num_seqs or hw.max_num_seqs
+                tokens = run.engine.max_num_batched_tokens or hw.max_num_batched_tokens
+                pol = make_policy(model, run.policy)
+                key = (seqs, tokens, step_shape(model, pol, seqs, tokens)[:3],
+                       block_layout(model, pol, 1 << 40).attn_block_tokens)
+                groups.setdefault(key, []).append(run)
+            varlen = "gdn" in kinds and not smoke and not host_only
+            host_reserve = ((HOST_RESERVE_S / 3 if smoke else HOST_RESERVE_S) + (VARLEN_RESERVE_S if varlen else 0.0)
+                            if host and dev.type == "cuda" else 0.0)
+            # Backstop past the budget plus its grace: a KeyboardInterrupt wherever it is (outputs kept).
+            alarm = arm_alarm(None if time_budget_s is None else time_budget_s - (time.perf_counter() - t0))
+            try:
+                for gi, (key, group) in enumerate(groups.items()):
+                    reserve = host_reserve if gi == 0 else 0.0  # the first executor also measures host.csv
+                    left = None if time_budget_s is None else time_budget_s - reserve - (time.perf_counter() - t0)
+                    if left is not None and left <= 0:
+                        errors_ += [f"{run.name}: skipped, time budget spent" for run in group]
+                        continue
+                    first = group[0]
+                    lay = block_layout(model, make_policy(model, first.policy), 1 << 40)
+                    block_bytes = lay.attn_block_tokens * shapes.kv_bytes_per_token * (model.attn_layers + 1)
+                    all_steps = [s for run in group for s in run.steps]
+                    # At least 8k of context: the check and host.csv use their own batches.
+                    max_ctx = max([8192] + [r.context + (r.prefill or ex_positions(r)) for s in all_steps
+                                            for r in s.requests])
+                    max_req = max((len(s.requests) for s in all_steps), default=160)
+                    positions, depth, sizes = key[2]
+                    kv_bytes = kv_pool_bytes_for(group, lay.attn_block_tokens, block_bytes, model.mtp_depth,
+                                                 int(kv_pool_gb * 2**30),
+                                                 [r for _, r in synthetic_steps(positions, depth, sizes)]) \
+                        if all_steps else 4 << 30
+                    ex = Executor(model, first.policy, device=dev, max_requests=max_req, max_context=max_ctx,
+                                  max_num_seqs=first.engine.max_num_seqs or hw.max_num_seqs,
+                                  max_num_batched_tokens=first.engine.max_num_batched_tokens or hw.max_num_batched_tokens,
+                                  block_size=lay.attn_block_tokens, kv_pool_bytes=kv_bytes, mode=mode, kinds=kinds,
+                                  shapes=shapes, log=log, weights=w)
+                    log(f"[executor {gi + 1}/{len(groups)}] runs {[r.name for r in group]}: block "
+                        f"{lay.attn_block_tokens} tokens, {ex.num_blocks} blocks ({ex.kv_pool_bytes() / 2**30:.1f} GiB "
+                        f"KV), capture sizes up to {ex.sizes[-1] if ex.sizes else 0}")
+                    freeze_heap()
+                    if gi == 0 and ex.graphs is not None and not host_only:
                         try:
-                            varlen_rows = gdn_prefill_varlen_table(ex, hw, log,
-                                                                   end=time.perf_counter() + VARLEN_RESERVE_S)
+                            checks = check_modes(ex, log)
                         except Exception as e:
-                            errors_.append(f"gdn_prefill_varlen: {type(e).__name__}: {e}")
-                            log(f"gdn_prefill_varlen FAILED: {traceback.format_exc()}")
-                    write_side_tables(mdir, host_rows, varlen_rows, policy_rows)
-                    left = None if time_budget_s is None else time_budget_s - (time.perf_counter() - t0)
-                group_end = None if left is None else time.perf_counter() + left / (len(groups) - gi)
-                for k, run in enumerate(group):
-                    end = None if group_end is None else \
-                        time.perf_counter() + (group_end - time.perf_counter()) / (len(group) - k)
-                    if hard_end is not None:  # never past the global budget, whatever the split says
-                        end = min(end, hard_end)
-                    ex.use_policy(run.policy)
-                    kernels[run.policy.name] = ex.kernel_sources()
-                    log(f"[{run.name}] policy {run.policy.name}: kernels {kernels[run.policy.name]}")
-                    replay_run(ex, run, reps, warmup, end, gpu, rows, errors_, log,
-                               on_progress=lambda: write_outputs(mdir, rows), probe=probe)
-                if ex.graphs is not None:
-                    log(f"[executor {gi + 1}] {len(ex.graphs)} graphs captured in {ex.graphs.capture_s:.1f} s")
-                del ex
-                gc.unfreeze()  # the executor's objects may sit in cycles: let the next collection see them
-                gc.collect()
-                if dev.type == "cuda":
-                    torch.cuda.empty_cache()
-        except KeyboardInterrupt:  # `timeout -s INT` or the budget's alarm: keep what was measured
-            errors_.append("interrupted")
-            log("interrupted: writing what was measured")
-        finally:
-            alarm()
+                            errors_.append(f"check: {type(e).__name__}: {e}")
+                            log(f"check FAILED: {traceback.format_exc()}")
+                    if reserve:
+                        # Before the steps, so a replay cut short still has them: the policies' verify and
+                        # commit, then host.csv under vLLM's default (store_all) where replayed.
+                        host_probes["host_policies"] = [probe()]
+                        try:
+                            names = policy_names() if host_policies is None else host_policies
+                            policy_rows = H.measure_policy_host(ex, [load_policy(n) for n in names], log, quick=smoke)
+                        except Exception as e:
+                            errors_.append(f"host_policies: {type(e).__name__}: {e}")
+                            log(f"host_policies FAILED: {traceback.format_exc()}")
+                        host_probes["host_policies"].append(probe())
+                        write_side_tables(mdir, [], [], policy_rows)
+                        ex.use_policy(next((r.policy for r in group if r.policy.mamba_state_commit == "store_all"),
+                                           group[0].policy))
+                        host_policy = ex.policy.name
+                        host_probes["host"] = [probe()]
+                        try:
+                            host_rows = H.measure_host(ex, log, quick=smoke)
+                        except Exception as e:
+                            errors_.append(f"host: {type(e).__name__}: {e}")
+                            log(f"host FAILED: {traceback.format_exc()}")
+                        host_probes["host"].append(probe())
+                        log(f"host probe (us per launch) before/after: {host_probes}")
+                        if varlen and ex.chunk_fn is not None:
+                            try:
+                                varlen_rows = gdn_prefill_varlen_table(ex, hw, log,
+                                                                       end=time.perf_counter() + VARLEN_RESERVE_S)
+                            except Exception as e:
+                                errors_.append(f"gdn_prefill_varlen: {type(e).__name__}: {e}")
+                                log(f"gdn_prefill_varlen FAILED: {traceback.format_exc()}")
+                        write_side_tables(mdir, host_rows, varlen_rows, policy_rows)
+                        left = None if time_budget_s is None else time_budget_s - (time.perf_counter() - t0)
+                    group_end = None if left is None else time.perf_counter() + left / (len(groups) - gi)
+                    for k, run in enumerate(group):
+                        end = None if group_end is None else \
+                            time.perf_counter() + (group_end - time.perf_counter()) / (len(group) - k)
+                        if hard_end is not None:  # never past the global budget, whatever the split says
+                            end = min(end, hard_end)
+                        ex.use_policy(run.policy)
+                        kernels[run.policy.name] = ex.kernel_sources()
+                        log(f"[{run.name}] policy {run.policy.name}: kernels {kernels[run.policy.name]}")
+                        replay_run(ex, run, reps, warmup, end, gpu, rows, errors_, log,
+                                   on_progress=lambda: write_outputs(mdir, rows), probe=probe)
+                    if ex.graphs is not None:
+                        log(f"[executor {gi + 1}] {len(ex.graphs)} graphs captured in {ex.graphs.capture_s:.1f} s")
+                    del ex
+                    gc.unfreeze()  # the executor's objects may sit in cycles: let the next collection see them
+                    gc.collect()
+                    if dev.type == "cuda":
+                        torch.cuda.empty_cache()
+            except KeyboardInterrupt:  # `timeout -s INT` or the budget's alarm: keep what was measured
+                errors_.append("interrupted")
+                log("interrupted: writing what was measured")
+            finally:
+                alarm()
+    finally:
+        torch.set_num_threads(prev_threads)
     if not host_only:
         write_outputs(mdir, rows)
         provenance.write(mdir / "replay_check.json", {"tolerance": CHECK_TOLERANCE, "cases": checks})
@@ -668,7 +678,7 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
             "smoke": smoke, "runs": [r.name for r in runs], "steps_replayed": len(rows) - len(done),
             "steps_resumed": len(done), "reps": reps,
             "warmup": warmup, "kernels": kernels, "host_policy": host_policy, "errors": errors_,
-            "host_probe_us": host_probes, "pinned_cpu": pin_cpu,
+            "host_probe_us": host_probes, "pinned_cpu": pin_cpu, "torch_threads": TORCH_THREADS,
             "wall_s": round(time.perf_counter() - t0, 1)}
     part["device_time_s"] = part["wall_s"]
     prov = provenance.read(mdir / "provenance.json")

@@ -214,9 +214,15 @@ def test_tiny_replay_writes_steps_summary_and_provenance(tmp_path, monkeypatch):
     steps = [TracedStep(0, 0.0, "prefill_only", (R(1, 9, 0, (), 0),), 100.0, {"gdn": 60.0, "moe": 40.0}),
              TracedStep(1, 0.1, "uniform_decode", (R(1, 0, 10, CHAIN, 4, 0, False),), 80.0, {"gdn": 40.0, "moe": 40.0})]
     write_steps(run / "steps.csv", meta, steps)
+    import torch
+    threads, probe = [], host.HostProbe.__call__
+    monkeypatch.setattr(host.HostProbe, "__call__", lambda self: threads.append(torch.get_num_threads()) or probe(self))
+    before = torch.get_num_threads()
     rc = RP.replay([run / "steps.csv"], "h200", tmp_path / "out", reps=1, warmup=0, device="cpu", shapes=TINY,
                    kinds=["gdn", "attn"], log=lambda _: None)
     assert rc == 0
+    # steps run with vLLM's one torch CPU thread; the caller's setting is back afterwards
+    assert threads and set(threads) == {RP.TORCH_THREADS} and torch.get_num_threads() == before
     mdir = tmp_path / "out" / "qwen3.5-35b-a3b"
     rows = RP.read_replay_rows(mdir / "replay_steps.csv")
     assert [r["step"] for r in rows] == [0, 1] and [r["kind"] for r in rows] == ["prefill_only", "uniform_decode"]
