@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 from sim.host_model import HOST_GROUPS, HostCosts, pipeline
 
-GRID = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.2)
+GRID = tuple(round(0.3 + 0.05 * i, 2) for i in range(21))  # 0.3 .. 1.3
 FIT_KINDS = ("mixed_graph", "mixed_eager", "prefill_only")
 FITTED = ("prefill", "eager", "core", "graph")  # the step group is measured whole (prepare, finish): kept at 1
 SWEEPS = 8  # at most; stops at the first sweep that moves nothing

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from core.config import REPO_ROOT, EngineConfig, load_hardware, load_model, load_policy, model_names
-from core.tables import HOST_COLUMNS, TABLES, read_rows
+from core.tables import HOST_COLUMNS, HOST_POLICY_COLUMNS, TABLES, read_rows
 from calibrate.provenance import missing_fields
 from sim.cli import main as cli
 
@@ -29,7 +29,8 @@ def test_committed_tables_have_provenance(mdir: Path):
         if csv.stem == "replay_steps":  # whole steps, not a table: replay_provenance.json, checked below
             continue
         assert csv.stem in measured, f"{csv} has no provenance part that measured it"
-        assert read_rows(csv, HOST_COLUMNS if csv.stem == "host" else ("mode",))
+        columns = {"host": HOST_COLUMNS, "host_policies": HOST_POLICY_COLUMNS}.get(csv.stem, ("mode",))
+        assert read_rows(csv, columns)
     if (mdir / "replay_steps.csv").exists():
         replay = json.loads((mdir / "replay_provenance.json").read_text())
         assert missing_fields(replay) == [] and replay["model"] == mdir.name and replay.get("device_time_s"), replay
