@@ -91,8 +91,8 @@ def errors(rows: Sequence[dict], pred: str = "predicted_us", measured: str | Non
     rel = [(r[pred] - r[m]) / r[m] for r in rows if _num(r.get(pred)) and _num(r.get(m)) and r[m] > 0]
     if not rel:
         return {"n": 0, "median_ape": None, "p90_ape": None, "bias": None}
-    ape = sorted(abs(x) for x in rel)
-    p90 = ape[min(len(ape) - 1, math.ceil(0.9 * len(ape)) - 1)]
+    ape = [abs(x) for x in rel]
+    p90 = _quantile(ape, 0.9)
     return {"n": len(rel), "median_ape": round(100 * statistics.median(ape), 3), "p90_ape": round(100 * p90, 3),
             "bias": round(100 * statistics.fmean(rel), 3)}
 
@@ -149,13 +149,13 @@ def repeatability(rows: Sequence[dict], measured: str | None = None) -> dict:
             diffs.setdefault(r["kind"], []).append(100 * abs(a - b) / ((a + b) / 2))
     out = {}
     for kind, d in sorted(diffs.items()):
-        d.sort()
         out[kind] = {"pairs": len(d), "median_pct": round(statistics.median(d), 3),
-                     "p90_pct": round(d[min(len(d) - 1, math.ceil(0.9 * len(d)) - 1)], 3)}
+                     "p90_pct": round(_quantile(d, 0.9), 3)}
     return out
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:
+    """The nearest-rank q-quantile (no interpolation: a value that was measured)."""
     xs = sorted(xs)
     return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
 
