@@ -17,7 +17,9 @@ every few seconds, and SIGALRM shortly past it interrupts whatever runs (calibra
 Before timing, a correctness check runs a mixed and a uniform-decode batch eagerly,
 piecewise and as a full graph from the same GDN state (activations poisoned with NaN
 first) and compares the outputs; then the host costs of each op are measured
-(host.csv, `calibrate.host`).
+(host.csv, `calibrate.host`). Torch runs on one CPU thread (as in vLLM's workers), and a host
+probe (`calibrate.host.HostProbe`) is taken before every step: the summary's `host_speed` scores
+the steps measured at nominal host speed apart from those of the device's slower regimes.
 
 Writes under `<out>/<model>/`: replay_steps.csv (one row per step: measured, the
 simulator's prediction and its terms, the old eager-sum pricing), replay_summary.json
