@@ -276,7 +276,7 @@ def _replay(args: argparse.Namespace) -> int:
                 evaluate = step_evaluator(prepare_steps(rows, runs, args.gpu))
             except ValueError as e:
                 raise ConfigError(f"--fit-host: {e}") from None
-            fit = fit_host(evaluate, R.nominal_rows(rows), args.summarize / "replay_steps.csv")
+            fit = fit_host(evaluate, rows, args.summarize / "replay_steps.csv")
             atomic_write_text(args.summarize / HOST_FIT, json.dumps(fit, indent=2) + "\n")
         R.reprice(rows, runs, args.gpu, print)
         R.write_outputs(args.summarize, rows)

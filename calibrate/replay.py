@@ -73,7 +73,8 @@ PROBE_REF_QUANTILE = 0.1
 # vLLM's workers run torch with one CPU thread ("Reducing Torch parallelism from N threads to 1 to
 # avoid unnecessary CPU contention", vllm/utils set_multiprocessing_worker_envs, logged by the
 # multiproc executor): with a pool of threads a step's small CPU ops (fla's varlen index
-# building) woke spinning workers, and a replay pinned to one CPU ran 2-prefill steps 2.6x slower.
+# building) woke spinning workers, and a replay pinned to one CPU ran steps of >= 2 prefills 2.4x
+# slower (calibrate/REPLAY.md).
 TORCH_THREADS = 1
 ASYNC_STEPS = 4  # pipelined steps per async timing of a short step: the period over 3 intervals
 ASYNC_WORK_S = 0.15  # a longer step gets fewer pipelined steps (at least 2: one interval of >= 75 ms)
@@ -103,18 +104,21 @@ def _num(v: object) -> bool:
     return isinstance(v, (int, float)) and not math.isnan(v)
 
 
+def per_kind(rows: Sequence[dict], measured: str, pred: str = "predicted_us") -> dict:
+    """errors() of `pred` for each of SUMMARY_KINDS ("all": every row)."""
+    return {k: errors([r for r in rows if k == "all" or r["kind"] == k], pred, measured) for k in SUMMARY_KINDS}
+
+
 def summarize(rows: Sequence[dict], measured: str | None = None) -> dict:
     """replay_summary.json: errors per step kind (in %), sums, the same for the old pricing, per run,
     all against the `measured` column (default MEASURED), which the JSON names."""
     m = measured or MEASURED
-    by_kind = {k: [r for r in rows if k == "all" or r["kind"] == k] for k in SUMMARY_KINDS}
     out: dict = {"compared_against": m, "compared_against_note": MEASURED_NOTE.get(m, "")}
-    out.update({k: errors(v, measured=m) for k, v in by_kind.items()})
-    out["sum_measured_s"] = round(sum(r[m] for r in rows if _num(r.get(m))) * 1e-6, 6)
-    out["sum_predicted_s"] = round(sum(r["predicted_us"] for r in rows if _num(r["predicted_us"])) * 1e-6, 6)
-    out["old_eager_sum"] = {k: errors(v, "old_predicted_us", m) for k, v in by_kind.items()}
-    out["old_eager_sum"]["sum_predicted_s"] = round(
-        sum(r["old_predicted_us"] for r in rows if _num(r.get("old_predicted_us"))) * 1e-6, 6)
+    out.update(per_kind(rows, m))
+    sums = _sum_error(rows, m)
+    out["sum_measured_s"], out["sum_predicted_s"] = sums["sum_measured_s"], sums["sum_predicted_s"]
+    out["old_eager_sum"] = per_kind(rows, m, "old_predicted_us")
+    out["old_eager_sum"]["sum_predicted_s"] = _sum_error(rows, m, "old_predicted_us")["sum_predicted_s"]
     out["runs"] = {}
     for run in sorted({r["run"] for r in rows}):
         rr = [r for r in rows if r["run"] == run]
@@ -123,8 +127,8 @@ def summarize(rows: Sequence[dict], measured: str | None = None) -> dict:
     # Per policy (run names `<policy>-g<gmu>-c<conc>`, as `make replay-steps` writes them): a policy
     # whose host work the model lacks shows here, not only in the pooled kinds.
     policy_of = {run: str(run).split("-")[0] for run in out["runs"]}
-    out["policies"] = {p: {k: errors([r for r in v if policy_of[r["run"]] == p], measured=m)
-                           for k, v in by_kind.items()} for p in sorted(set(policy_of.values()))}
+    out["policies"] = {p: per_kind([r for r in rows if policy_of[r["run"]] == p], m)
+                       for p in sorted(set(policy_of.values()))}
     out["repeatability"] = repeatability(rows, m)
     out["host_speed"] = host_speed(rows, m)
     out["units"] = ("median_ape, p90_ape, bias and sum_error_pct in percent; "
@@ -189,24 +193,18 @@ def host_speed(rows: Sequence[dict], measured: str | None = None) -> dict:
     keep = {id(r) for r in nominal}
     slow = [r for r in probed if id(r) not in keep]
     probes = [r["host_probe_us"] for r in probed]
-
-    def kinds(rr: Sequence[dict]) -> dict:
-        return {k: errors([r for r in rr if k == "all" or r["kind"] == k], measured=m) for k in SUMMARY_KINDS}
     return {"rows_probed": len(probed), "ref_us": ref, "tolerance": NOMINAL_TOLERANCE,
             "probe_p50_us": _quantile(probes, 0.5), "probe_p90_us": _quantile(probes, 0.9),
             "probe_max_us": max(probes), "nominal_rows": len(nominal),
-            "nominal": kinds(nominal), "slower": kinds(slow),
-            "nominal_sum_measured_s": round(sum(r[m] for r in nominal if _num(r.get(m))) * 1e-6, 6),
-            "nominal_sum_predicted_s": round(sum(r["predicted_us"] for r in nominal
-                                                 if _num(r.get("predicted_us"))) * 1e-6, 6),
+            "nominal": per_kind(nominal, m), "slower": per_kind(slow, m), "nominal_sum": _sum_error(nominal, m),
             "nominal_repeatability": repeatability(nominal, m),
             "nominal_runs": {run: _sum_error([r for r in nominal if r["run"] == run], m)
                              for run in sorted({r["run"] for r in nominal})}}
 
 
-def _sum_error(rows: Sequence[dict], m: str) -> dict:
+def _sum_error(rows: Sequence[dict], m: str, pred: str = "predicted_us") -> dict:
     ms = sum(r[m] for r in rows if _num(r.get(m)))
-    p = sum(r["predicted_us"] for r in rows if _num(r.get("predicted_us")))
+    p = sum(r[pred] for r in rows if _num(r.get(pred)))
     return {"n": len(rows), "sum_measured_s": round(ms * 1e-6, 6), "sum_predicted_s": round(p * 1e-6, 6),
             "sum_error_pct": round(100 * (p - ms) / ms, 3) if ms else None}
 

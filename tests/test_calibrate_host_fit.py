@@ -36,6 +36,16 @@ def test_fit_recovers_the_scales_and_scores_them_out_of_sample():
     assert fit["unscaled"]["mixed_graph"]["bias"] > 0 and fit["fit_on_all"]["all"]["median_ape"] == pytest.approx(0)
 
 
+def test_fit_uses_the_rows_measured_at_nominal_host_speed():
+    # Steps measured while the host probe read a slower regime took 1.5x as long: they must not
+    # pull the scales (the simulator prices the nominal host, as the host tables measured it).
+    nominal = [{**r, "host_probe_us": 6.0} for r in rows()]
+    slow = [{**r, "host_probe_us": 9.0, "measured_us": 1.5 * r["measured_us"]} for r in rows()]
+    fit = HF.fit_host(evaluate, nominal + slow, log=lambda _: None)
+    assert fit["rows"] == len(nominal)
+    assert (fit["scales"]["prefill"], fit["scales"]["eager"]) == (TRUE["prefill"], TRUE["eager"])
+
+
 def test_objective_ignores_missing_kinds():
     s = evaluate({}, [r for r in rows() if r["kind"] == "mixed_eager"])
     assert HF.objective(s) == s["mixed_eager"]["median_ape"] > 0

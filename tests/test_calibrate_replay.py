@@ -73,7 +73,7 @@ def test_host_speed_scores_the_nominal_regime_apart():
     assert hs["nominal"]["mixed_graph"]["n"] == 28 and hs["nominal"]["mixed_graph"]["bias"] < -0.9
     assert hs["slower"]["mixed_graph"] == {"n": 10, "median_ape": 41.176, "p90_ape": 41.176, "bias": -41.176}
     assert hs["nominal_repeatability"]["mixed_graph"]["pairs"] == 4
-    assert hs["nominal_runs"]["store_all-g0.9-c32"]["n"] == 4
+    assert hs["nominal_runs"]["store_all-g0.9-c32"]["n"] == 4 and hs["nominal_sum"]["n"] == 28
     assert s["mixed_graph"]["n"] == 39  # the pooled kinds keep every row
     assert RP.nominal_rows(slow) == slow and RP.nominal_rows(unprobed) == unprobed  # one regime; never probed
     assert RP.summarize(unprobed)["host_speed"] == {"rows_probed": 0}
