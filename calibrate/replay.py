@@ -11,7 +11,9 @@ GPU runs step N (the period between steps' tokens on the host, every step waited
 scheduling), and replay_summary.json compares the predictions against it (MEASURED; the JSON
 names it under `compared_against`). Which steps: `--max-steps` shares a quota per run equally
 among the step kinds it has (`pick`), so rare kinds (prefill-only, mixed) are not drowned by
-decode steps, and the replay order interleaves the kinds, each spread over the run.
+decode steps, and the replay order interleaves the kinds, each spread over the run; the runs
+of one executor take turns of INTERLEAVE_STEPS steps, so a drift of the host's speed falls on
+every run alike.
 `--time-budget-s` is hard: checked before every timed run inside a step, outputs rewritten
 every few seconds, and SIGALRM shortly past it interrupts whatever runs (calibrate/REPLAY.md).
 Before timing, a correctness check runs a mixed and a uniform-decode batch eagerly,
@@ -76,6 +78,7 @@ PROBE_REF_QUANTILE = 0.1
 # building) woke spinning workers, and a replay pinned to one CPU ran steps of >= 2 prefills 2.4x
 # slower (calibrate/REPLAY.md).
 TORCH_THREADS = 1
+INTERLEAVE_STEPS = 8  # steps of one run per turn (take_turns)
 ASYNC_STEPS = 4  # pipelined steps per async timing of a short step: the period over 3 intervals
 ASYNC_WORK_S = 0.15  # a longer step gets fewer pipelined steps (at least 2: one interval of >= 75 ms)
 
@@ -644,17 +647,11 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                                 log(f"gdn_prefill_varlen FAILED: {traceback.format_exc()}")
                         write_side_tables(mdir, host_rows, varlen_rows, policy_rows)
                         left = None if time_budget_s is None else time_budget_s - (time.perf_counter() - t0)
-                    group_end = None if left is None else time.perf_counter() + left / (len(groups) - gi)
-                    for k, run in enumerate(group):
-                        end = None if group_end is None else \
-                            time.perf_counter() + (group_end - time.perf_counter()) / (len(group) - k)
-                        if hard_end is not None:  # never past the global budget, whatever the split says
-                            end = min(end, hard_end)
-                        ex.use_policy(run.policy)
-                        kernels[run.policy.name] = ex.kernel_sources()
-                        log(f"[{run.name}] policy {run.policy.name}: kernels {kernels[run.policy.name]}")
-                        replay_run(ex, run, reps, warmup, end, gpu, rows, errors_, log,
-                                   on_progress=lambda: write_outputs(mdir, rows), probe=probe)
+                    end = None if left is None else time.perf_counter() + left / (len(groups) - gi)
+                    if hard_end is not None:  # never past the global budget, whatever the split says
+                        end = hard_end if end is None else min(end, hard_end)
+                    replay_group(ex, group, reps, warmup, end, gpu, rows, errors_, kernels, log,
+                                 on_progress=lambda: write_outputs(mdir, rows), probe=probe)
                     if ex.graphs is not None:
                         log(f"[executor {gi + 1}] {len(ex.graphs)} graphs captured in {ex.graphs.capture_s:.1f} s")
                     del ex
@@ -692,58 +689,94 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
     return 1 if failed or (errors_ and not (rows or host_rows or policy_rows)) else 0
 
 
-def replay_run(ex: object, run: Run, reps: int, warmup: int, end: float | None, gpu: str,
-               rows: list[dict], errors_: list[str], log: Callable[[str], None],
-               on_progress: Callable[[], None], probe: Callable[[], float] | None = None) -> None:
-    """Time the sampled steps of one run (synthetic steps of every kind for --smoke) until `end`,
-    appending a row per step to `rows`; `probe` (calibrate.host.HostProbe) is taken right before each."""
+def run_steps(ex: object, run: Run) -> list[tuple[object, bool]]:
+    """(step, flush) to replay for one run: its picked steps in pick()'s order (none left when a
+    --resume holds them all), or synthetic steps of every kind for --smoke."""
     if run.smoke:
         synthetic = [(_synthetic_traced(reqs, j), False)
                      for j, (_, reqs) in enumerate(synthetic_steps(ex.positions, ex.depth, ex.sizes))]
-        steps = [synthetic[i] for i in spread_order(len(synthetic))]
-    else:  # in pick()'s order; none left when a --resume already holds them all
-        steps = [(s, flushes(s)) for s in run.steps]
-    old = old_pricer(run, gpu, log) if steps and not run.smoke else None
-    tr = time.perf_counter()
-    last_write = time.perf_counter()
-    for j, (step, flush) in enumerate(steps):
-        if end is not None and time.perf_counter() > end:
-            errors_.append(f"{run.name}: stopped after {j} of {len(steps)} steps, time budget")
-            log(f"  time budget: stopping {run.name} after {j} of {len(steps)} steps")
-            break
-        try:
-            host_probe = probe() if probe is not None else math.nan
-            ts, o = time_step(ex, step.requests, flush, reps, warmup, end)
-            async_us = time_step_async(ex, step.requests, flush, async_steps(statistics.median(ts)), end)
-        except BudgetSpent:
-            errors_.append(f"{run.name}: stopped inside step {j + 1} of {len(steps)}, time budget")
-            log(f"  time budget: stopping {run.name} inside step {j + 1} of {len(steps)}")
-            break
-        except Exception as e:  # one bad step must not cost the run
-            errors_.append(f"{run.name} step {step.step}: {type(e).__name__}: {e}")
-            log(f"  step {step.step} FAILED: {traceback.format_exc()}")
-            continue
-        q = sorted(ts)
-        row = {"run": run.name, "step": step.step, "kind": step.kind or o.kind, "mode": o.mode,
-               "tokens": sum(r.prefill or ex_positions(r) for r in step.requests),
-               "padded_tokens": o.padded_tokens, "requests": len(step.requests),
-               "decodes": sum(1 for r in step.requests if r.prefill == 0),
-               "prefills": sum(1 for r in step.requests if r.prefill > 0),
-               "context_tokens": sum(r.context for r in step.requests),
-               "measured_us": async_us if run.meta.get("engine", {}).get("async_scheduling") else statistics.median(ts),
-               "measured_sync_us": statistics.median(ts), "measured_async_us": async_us,
-               "measured_sync_min_us": q[0], "measured_sync_max_us": q[-1],
-               "reps": len(ts), "host_probe_us": host_probe, "predicted_us": step.predicted_us,
-               "old_predicted_us": old(step) if old else math.nan,
-               **{f"pred_{k}": v for k, v in step.terms_us.items()}}
-        rows.append(row)
-        if j % 25 == 0 or j == len(steps) - 1:
-            log(f"  {run.name} {j + 1}/{len(steps)} step {step.step} {row['kind']}/{o.mode} "
-                f"{row['tokens']} tok: {row['measured_us']:.0f} us (pred {step.predicted_us:.0f}); "
-                f"{len(ex.graphs) if ex.graphs else 0} graphs, {time.perf_counter() - tr:.0f} s")
-        if time.perf_counter() - last_write > PROGRESS_S or j == len(steps) - 1:
-            on_progress()  # a replay killed past its limit keeps what it measured
-            last_write = time.perf_counter()
+        return [synthetic[i] for i in spread_order(len(synthetic))]
+    return [(s, flushes(s)) for s in run.steps]
+
+
+def take_turns(counts: dict[str, int], per_turn: int) -> list[tuple[str, int, int]]:
+    """(run, first, stop) slices of each run's steps, the runs taking turns of `per_turn` steps:
+    the host's speed drifts over a replay (calibrate/REPLAY.md), and runs replayed one after the
+    other would each get a different part of that drift (session 12: store_all's, replayed last)."""
+    out, start = [], dict.fromkeys(counts, 0)
+    while any(start[n] < c for n, c in counts.items()):
+        for name, c in counts.items():
+            if start[name] < c:
+                out.append((name, start[name], min(c, start[name] + per_turn)))
+                start[name] = out[-1][2]
+    return out
+
+
+def replay_group(ex: object, group: Sequence[Run], reps: int, warmup: int, end: float | None, gpu: str,
+                 rows: list[dict], errors_: list[str], kernels: dict, log: Callable[[str], None],
+                 on_progress: Callable[[], None], probe: Callable[[], float] | None = None) -> None:
+    """Time the steps of an executor's runs, the runs taking turns (`take_turns`), until `end`,
+    appending a row per step to `rows`; `probe` (calibrate.host.HostProbe) is taken right before
+    each step, and the executor switches policy when the run's differs."""
+    todo = {run.name: run_steps(ex, run) for run in group}
+    by_name = {run.name: run for run in group}
+    old = {run.name: old_pricer(run, gpu, log) if todo[run.name] and not run.smoke else None for run in group}
+    done = dict.fromkeys(todo, 0)
+    tr = last_write = time.perf_counter()
+    try:
+        for name, first, stop in take_turns({n: len(v) for n, v in todo.items()}, INTERLEAVE_STEPS):
+            run = by_name[name]
+            if run.policy.name not in kernels or ex.policy != run.policy:
+                ex.use_policy(run.policy)
+                if run.policy.name not in kernels:
+                    kernels[run.policy.name] = ex.kernel_sources()
+                    log(f"[{run.name}] policy {run.policy.name}: kernels {kernels[run.policy.name]}")
+            for j in range(first, stop):
+                step, flush = todo[name][j]
+                check_deadline(end)
+                try:
+                    host_probe = probe() if probe is not None else math.nan
+                    ts, o = time_step(ex, step.requests, flush, reps, warmup, end)
+                    async_us = time_step_async(ex, step.requests, flush, async_steps(statistics.median(ts)), end)
+                except BudgetSpent:
+                    raise
+                except Exception as e:  # one bad step must not cost the run
+                    errors_.append(f"{name} step {step.step}: {type(e).__name__}: {e}")
+                    log(f"  step {step.step} FAILED: {traceback.format_exc()}")
+                    done[name] = j + 1
+                    continue
+                rows.append(_step_row(ex, run, step, o, ts, async_us, host_probe, old[name]))
+                done[name] = j + 1
+                if j % 25 == 0 or j == len(todo[name]) - 1:
+                    log(f"  {name} {j + 1}/{len(todo[name])} step {step.step} {rows[-1]['kind']}/{o.mode} "
+                        f"{rows[-1]['tokens']} tok: {rows[-1]['measured_us']:.0f} us (pred {step.predicted_us:.0f}); "
+                        f"{len(ex.graphs) if ex.graphs else 0} graphs, {time.perf_counter() - tr:.0f} s")
+                if time.perf_counter() - last_write > PROGRESS_S:
+                    on_progress()  # a replay killed past its limit keeps what it measured
+                    last_write = time.perf_counter()
+    except BudgetSpent:
+        for name, steps in todo.items():
+            if done[name] < len(steps):
+                errors_.append(f"{name}: stopped after {done[name]} of {len(steps)} steps, time budget")
+        log(f"  time budget: stopping with {sum(done.values())} of {sum(map(len, todo.values()))} steps replayed")
+    on_progress()
+
+
+def _step_row(ex: object, run: Run, step: object, o: object, ts: list[float], async_us: float, host_probe: float,
+              old: Callable[[object], float] | None) -> dict:
+    """replay_steps.csv's row of one timed step."""
+    return {"run": run.name, "step": step.step, "kind": step.kind or o.kind, "mode": o.mode,
+            "tokens": sum(r.prefill or ex_positions(r) for r in step.requests),
+            "padded_tokens": o.padded_tokens, "requests": len(step.requests),
+            "decodes": sum(1 for r in step.requests if r.prefill == 0),
+            "prefills": sum(1 for r in step.requests if r.prefill > 0),
+            "context_tokens": sum(r.context for r in step.requests),
+            "measured_us": async_us if run.meta.get("engine", {}).get("async_scheduling") else statistics.median(ts),
+            "measured_sync_us": statistics.median(ts), "measured_async_us": async_us,
+            "measured_sync_min_us": min(ts), "measured_sync_max_us": max(ts),
+            "reps": len(ts), "host_probe_us": host_probe, "predicted_us": step.predicted_us,
+            "old_predicted_us": old(step) if old else math.nan,
+            **{f"pred_{k}": v for k, v in step.terms_us.items()}}
 
 
 def freeze_heap() -> None:

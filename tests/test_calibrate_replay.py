@@ -79,6 +79,11 @@ def test_host_speed_scores_the_nominal_regime_apart():
     assert RP.summarize(unprobed)["host_speed"] == {"rows_probed": 0}
 
 
+def test_runs_take_turns():
+    assert RP.take_turns({"a": 5, "b": 2, "c": 0}, 2) == [("a", 0, 2), ("b", 0, 2), ("a", 2, 4), ("a", 4, 5)]
+    assert RP.take_turns({"a": 3}, 8) == [("a", 0, 3)] and RP.take_turns({}, 8) == []
+
+
 def test_host_probe_times_one_launch():
     probe = host.HostProbe("cpu")
     us = [probe() for _ in range(3)]
@@ -207,41 +212,47 @@ def test_host_ops_are_the_simulators():
 
 def test_tiny_replay_writes_steps_summary_and_provenance(tmp_path, monkeypatch):
     monkeypatch.setattr(RP, "ASYNC_STEPS", 2)  # interpreted Triton on the CPU: seconds a step
-    run = tmp_path / "c1"
+    monkeypatch.setattr(RP, "INTERLEAVE_STEPS", 1)
+    run, other = tmp_path / "c1", tmp_path / "c1b"
     run.mkdir()
+    other.mkdir()
     meta = RunConfig(policy="replay", engine=EngineConfig(max_num_seqs=8, max_num_batched_tokens=64)).model_dump(
         mode="json")
     steps = [TracedStep(0, 0.0, "prefill_only", (R(1, 9, 0, (), 0),), 100.0, {"gdn": 60.0, "moe": 40.0}),
              TracedStep(1, 0.1, "uniform_decode", (R(1, 0, 10, CHAIN, 4, 0, False),), 80.0, {"gdn": 40.0, "moe": 40.0})]
     write_steps(run / "steps.csv", meta, steps)
+    write_steps(other / "steps.csv", meta, steps[1:])
+    paths = [run / "steps.csv", other / "steps.csv"]
     import torch
     threads, probe = [], host.HostProbe.__call__
     monkeypatch.setattr(host.HostProbe, "__call__", lambda self: threads.append(torch.get_num_threads()) or probe(self))
     before = torch.get_num_threads()
-    rc = RP.replay([run / "steps.csv"], "h200", tmp_path / "out", reps=1, warmup=0, device="cpu", shapes=TINY,
+    rc = RP.replay(paths, "h200", tmp_path / "out", reps=1, warmup=0, device="cpu", shapes=TINY,
                    kinds=["gdn", "attn"], log=lambda _: None)
     assert rc == 0
     # steps run with vLLM's one torch CPU thread; the caller's setting is back afterwards
     assert threads and set(threads) == {RP.TORCH_THREADS} and torch.get_num_threads() == before
     mdir = tmp_path / "out" / "qwen3.5-35b-a3b"
     rows = RP.read_replay_rows(mdir / "replay_steps.csv")
-    assert [r["step"] for r in rows] == [0, 1] and [r["kind"] for r in rows] == ["prefill_only", "uniform_decode"]
+    # the two runs of one executor take turns (INTERLEAVE_STEPS steps each)
+    assert [(r["run"], r["step"]) for r in rows] == [("c1", 0), ("c1b", 1), ("c1", 1)]
+    assert [r["kind"] for r in rows] == ["prefill_only", "uniform_decode", "uniform_decode"]
     assert all(r["measured_us"] > 0 and r["mode"] == "eager" for r in rows)
     assert all(r["measured_us"] == r["measured_async_us"] for r in rows)  # the run simulated async scheduling
     assert all(r["host_probe_us"] > 0 for r in rows)
     assert rows[1]["pred_gdn"] == 40.0 and rows[1]["predicted_us"] == 80.0 and rows[1]["tokens"] == 4
     summary = json.loads((mdir / "replay_summary.json").read_text())
-    assert set(RP.SUMMARY_KINDS) <= set(summary) and summary["runs"]["c1"]["n"] == 2
+    assert set(RP.SUMMARY_KINDS) <= set(summary) and summary["runs"]["c1"]["n"] == 2 and summary["runs"]["c1b"]["n"] == 1
     part = json.loads((mdir / "provenance.json").read_text())["parts"][-1]
-    assert part["job"] == "replay" and part["steps_replayed"] == 2
+    assert part["job"] == "replay" and part["steps_replayed"] == 3
     assert part["kernels"]["replay"]["verify"].endswith("replay")
     # --resume: the rows are kept, their steps not replayed again, the provenance parts carried over
-    rc = RP.replay([run / "steps.csv"], "h200", tmp_path / "again", reps=1, warmup=0, device="cpu", shapes=TINY,
+    rc = RP.replay(paths, "h200", tmp_path / "again", reps=1, warmup=0, device="cpu", shapes=TINY,
                    kinds=["gdn", "attn"], resume=mdir, log=lambda _: None)
     again = tmp_path / "again" / "qwen3.5-35b-a3b"
     assert rc == 0 and RP.read_replay_rows(again / "replay_steps.csv") == rows
     parts = json.loads((again / "provenance.json").read_text())["parts"]
-    assert len(parts) == 2 and parts[0] == part and (parts[1]["steps_replayed"], parts[1]["steps_resumed"]) == (0, 2)
+    assert len(parts) == 2 and parts[0] == part and (parts[1]["steps_replayed"], parts[1]["steps_resumed"]) == (0, 3)
 
 
 @pytest.mark.parametrize("args, message", [
