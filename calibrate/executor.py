@@ -538,7 +538,7 @@ class Executor:
         s = self.s
         w = self.w.layers[i] if i >= 0 else self.w.mtp_attn
         if i >= 0 and self.kinds[i] == "gdn":
-            torch.mm(F.rms_norm(x[:n], (s.hidden,), w.norm, L.EPS), w.in_proj.t(), out=self.gdn_proj[:n])
+            L.gdn_in(x[:n], w, s, out=self.gdn_proj[:n])
             return
         q, gate, k, v = L._attn_in(x[:n], w, s, self.cos[:n], self.sin[:n])
         self.q[:n].copy_(q)
@@ -557,9 +557,7 @@ class Executor:
         if i >= 0 and self.kinds[i] == "gdn":
             w = self.w.layers[i]
             z = self.gdn_proj[:n, s.gdn_conv_channels:s.gdn_conv_channels + s.gdn_v_channels]
-            o = F.rms_norm(self.gdn_o[:n].view(n, s.gdn_v_heads, s.head_v_dim), (s.head_v_dim,), w.o_norm, L.EPS)
-            o = o * F.silu(z.reshape(n, s.gdn_v_heads, s.head_v_dim))
-            x[:n] += F.linear(o.reshape(n, s.gdn_v_channels), w.out_proj)
+            x[:n] += L.gdn_out(self.gdn_o[:n], z, w, s)
         else:
             w = self.w.layers[i] if i >= 0 else self.w.mtp_attn
             x[:n] += L.attn_out_proj(self.attn_o[:n], self.gate[:n], w, s)
@@ -626,6 +624,15 @@ class Executor:
 
     def verify(self, i: int, st: Step, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> tuple:
         """The policy's conv verify and verify kernel over all decodes; returns their contexts for commit."""
+        args, conv_ctx = self.verify_inputs(i, st, qkv, g, beta)
+        o, ctx = self.verify_mod.verify(*args, check=False)
+        self.verify_output(st, o)
+        return ctx, conv_ctx
+
+    def verify_inputs(self, i: int, st: Step, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+                      ) -> tuple[tuple, object]:
+        """The verify kernel's arguments (q, k, v, g, beta, parent, state, lengths) after the policy's
+        conv verify and the q/k norms, and the conv's context for its commit."""
         s, B, T = self.s, st.B, st.T
         w = self.w.layers[i]
         if st.ragged:
@@ -654,13 +661,14 @@ class Executor:
         y, conv_ctx = self.conv_verify(qkv.reshape(B, T, -1), self.w.conv[i], parent, conv_state, lengths)
         q, k, v = self._split_qkv(y, (B, T))
         q, k = (F.rms_norm(t, (s.head_k_dim,), w.qk_scale, L.EPS) for t in (q, k))
-        o, ctx = self.verify_mod.verify(q, k, v, g.view(B, T, -1), beta.view(B, T, -1), parent, state, lengths,
-                                        check=False)
-        o = o.reshape(B * T, s.gdn_v_channels)
+        return (q, k, v, g.view(B, T, -1), beta.view(B, T, -1), parent, state, lengths), conv_ctx
+
+    def verify_output(self, st: Step, o: torch.Tensor) -> None:
+        """The verify kernel's output into the layer's core output rows (ragged decodes unpadded)."""
+        o = o.reshape(st.B * st.T, self.s.gdn_v_channels)
         if st.ragged:
             o = o.index_select(0, self.i64.d("dec_back", st.lay.decode_tokens))
         self.gdn_o[:o.shape[0]].copy_(o)
-        return ctx, conv_ctx
 
     def commit(self, i: int, st: Step, ctxs: tuple) -> None:
         """The policy's commits (state and conv window) with the step's accepted nodes."""

@@ -37,7 +37,7 @@ ACTIVATION_TOKENS = (2048, 4096, 8192, 16384)  # max_num_batched_tokens values t
 PARTS: dict[int, tuple[str, ...]] = {
     1: ("gdn", "attn_proj", "moe", "lm_head", "mtp_fc"),
     2: ("attn_decode", "attn_prefill"),
-    3: ("memory", "step_check", "gdn_prefill"),
+    3: ("memory", "step_check", "gdn_prefill", "gdn_decode_conv"),
 }
 ALL_JOBS: tuple[str, ...] = tuple(j for part in PARTS.values() for j in part)
 

@@ -140,13 +140,15 @@ def _recorder(rows: list[dict], log: Callable[[str], None], reps: int, tag: dict
     return record
 
 
-def _decodes(ex: object, b: int) -> list:
+def decode_requests(ex: object, b: int) -> list:
+    """b decoding requests of the executor's uniform-decode shape (a chain of its drafts)."""
     from sim.step_trace import TracedRequest as R
 
     return [R(i, 0, 1000 + 7 * i, (1,) * ex.depth if ex.depth else (), 1) for i in range(b)]
 
 
-def _decode_batches(ex: object, quick: bool) -> list[int]:
+def decode_batches(ex: object, quick: bool) -> list[int]:
+    """The decode batches the host and core tables are measured at (those the executor holds)."""
     return [b for b in (1, 4, 16, 64, 128, 256) if b * ex.positions <= ex.max_tokens - 256
             and b <= ex.max_step_requests][:4 if quick else 6]
 
@@ -177,8 +179,8 @@ def measure_policy_host(ex: object, policies: Sequence, log: Callable[[str], Non
             log(f"  host {pol.name}: skipped ({e})")
             continue
         record = _recorder(rows, log, 5 if quick else 10, {"policy": pol.mamba_state_commit})
-        for b in _decode_batches(ex, quick):
-            st = ex.prepare(_decodes(ex, b), mode="eager")
+        for b in decode_batches(ex, quick):
+            st = ex.prepare(decode_requests(ex, b), mode="eager")
             _record_core(record, ex, gdn, st, b)
     return rows
 
@@ -193,8 +195,8 @@ def measure_host(ex: object, log: Callable[[str], None] = print, quick: bool = F
     gdn = ex.kinds.index("gdn") if "gdn" in ex.kinds else None
     attn = ex.kinds.index("attn") if "attn" in ex.kinds else None
     cap = ex.sizes[-1] if ex.sizes else 0
-    for b in _decode_batches(ex, quick):
-        reqs = _decodes(ex, b)
+    for b in decode_batches(ex, quick):
+        reqs = decode_requests(ex, b)
         record("step_prepare", b, lambda: ex.prepare(reqs, mode="eager"))
         st = ex.prepare(reqs, mode="eager")
         ex.launch(st)
@@ -230,7 +232,7 @@ def measure_host(ex: object, log: Callable[[str], None] = print, quick: bool = F
     if ex.graphs is not None:
         for size in [s for s in ex.sizes if s in (4, 16, 64, 128, 256, 512) or s == cap][:4 if quick else 8]:
             if ex.positions > 1 and size % ex.positions == 0 and ex.full_capturable:
-                reqs = _decodes(ex, size // ex.positions)
+                reqs = decode_requests(ex, size // ex.positions)
                 ex.run(reqs)  # captures its full graph
                 g = ex.graphs.graphs.get(("full", ex.policy_key, size, False))
                 if g is not None:

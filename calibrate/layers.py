@@ -63,12 +63,27 @@ def gdn_weights(s: LayerShapes, device: torch.device) -> GDNWeights:
     )
 
 
+def gdn_in(x: torch.Tensor, w: GDNWeights, s: LayerShapes, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The GDN layer's dense half before its core: RMSNorm and in_proj ([n, gdn_in_features]: conv
+    input, z, b, a)."""
+    return torch.mm(F.rms_norm(x, (s.hidden,), w.norm, EPS), w.in_proj.t(), out=out)
+
+
+def gdn_out(o: torch.Tensor, z: torch.Tensor, w: GDNWeights, s: LayerShapes) -> torch.Tensor:
+    """The dense half after the core: the gated RMSNorm of the core's output o ([n, v channels])
+    with z, and out_proj: the residual's increment."""
+    n = o.shape[0]
+    o = F.rms_norm(o.reshape(n, s.gdn_v_heads, s.head_v_dim), (s.head_v_dim,), w.o_norm, EPS)
+    o = o * F.silu(z.reshape(n, s.gdn_v_heads, s.head_v_dim))
+    return F.linear(o.reshape(n, s.gdn_v_channels), w.out_proj)
+
+
 def gdn_forward(x: torch.Tensor, w: GDNWeights, s: LayerShapes, conv_state: torch.Tensor,
                 recurrence: Recurrence | None = None) -> torch.Tensor:
-    """conv_state: [kernel - 1, conv_channels], the rolling window, updated in place."""
+    """The whole layer with a torch core (conv, gating, q/k norms, `recurrence`); conv_state:
+    [kernel - 1, conv_channels], the rolling window, updated in place."""
     n = x.shape[0]
-    h = F.rms_norm(x, (s.hidden,), w.norm, EPS)
-    proj = F.linear(h, w.in_proj)
+    proj = gdn_in(x, w, s)
     qkv, z, b, a = proj.split([s.gdn_conv_channels, s.gdn_v_channels, s.gdn_v_heads, s.gdn_v_heads], -1)
     # Depthwise causal conv (kernel K) over the token stream, continuing the rolling window.
     xs = torch.cat([conv_state, qkv], 0)
@@ -84,8 +99,7 @@ def gdn_forward(x: torch.Tensor, w: GDNWeights, s: LayerShapes, conv_state: torc
     beta = b.float().sigmoid()
     g = F.softplus(a.float() + w.dt_bias) * w.neg_a
     o = v if recurrence is None else recurrence(q, k, v, g, beta)
-    o = F.rms_norm(o.to(BF16), (s.head_v_dim,), w.o_norm, EPS) * F.silu(z.view(n, s.gdn_v_heads, s.head_v_dim))
-    return x + F.linear(o.reshape(n, s.gdn_v_channels), w.out_proj)
+    return x + gdn_out(o.to(BF16), z, w, s)
 
 
 # ----------------------------------------------------------------------- attention

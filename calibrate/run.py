@@ -13,8 +13,8 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from core.config import HardwareConfig, ModelConfig
-from core.tables import STEP_COLUMNS, write_rows
+from core.config import HardwareConfig, ModelConfig, load_policy, policy_names
+from core.tables import DECODE_CONV, DECODE_CONV_COLUMNS, STEP_COLUMNS, write_rows
 from calibrate import provenance
 from calibrate.grid import FULL, QUICK, Grid
 
@@ -80,6 +80,17 @@ def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: 
                         continue
                     rows = M.gdn_prefill_table(h, chunk_fn, deadline_s=GDN_PREFILL_DEADLINE_S)
                     write_rows(mdir / "gdn_prefill.csv", rows)
+                    done[job] = len(rows)
+                elif job == DECODE_CONV:
+                    from calibrate.decode_conv import decode_conv_executor, gdn_decode_conv_table
+
+                    pols = {p.mamba_state_commit: p for p in map(load_policy, policy_names())}
+                    ex = decode_conv_executor(model, hw, next(iter(pols.values())), dev, log)
+                    # On the CPU (tests) the interpreter runs the kernels: the shortest table will do.
+                    rows = gdn_decode_conv_table(ex, list(pols.values()), bw, log, reps=20 if cuda else 1,
+                                                 batches=None if cuda else 2)
+                    del ex
+                    write_rows(mdir / f"{DECODE_CONV}.csv", rows, DECODE_CONV_COLUMNS)
                     done[job] = len(rows)
                 else:
                     rows = M.TABLE_JOBS[job](h)

@@ -15,6 +15,10 @@ COLUMNS = ("mode", "B", "P", "ctx", "tokens", "us", "us_p10", "us_p90", "reps", 
            "flops", "bytes", "pct_bw", "pct_flops")
 STEP_COLUMNS = ("mode", "B", "P", "ctx", "kernel", "step_us", "host_step_us", "kernel_us", "reps")
 SEQS_COLUMNS = (*COLUMNS, "seqs")  # tables with a `seqs` axis (gdn_prefill_varlen)
+# gdn_decode_conv.csv: per policy (mamba_state_commit) over decode tokens (calibrate.decode_conv);
+# not in TABLES: the simulator reads the rows of its run's policy only.
+DECODE_CONV = "gdn_decode_conv"
+DECODE_CONV_COLUMNS = ("policy", *COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -30,7 +34,7 @@ class TableSpec:
 
 
 TABLES: dict[str, TableSpec] = {
-    "gdn": TableSpec(("tokens",), ("log",), "GDN layer without the recurrence: norm, in_proj, short conv, gated RMSNorm, out_proj"),
+    "gdn": TableSpec(("tokens",), ("log",), "GDN layer's dense halves around its core: norm, in_proj; gated RMSNorm, out_proj (the conv, gating and q/k norms are the core's: gdn_decode_conv, gdn_prefill_varlen)"),
     "attn_proj": TableSpec(("tokens",), ("log",), "attention layer without the core: norm, QKV proj, q/k norm, RoPE, KV write, gate, o_proj"),
     "attn_decode": TableSpec(("B", "P", "ctx"), ("log", "log", "linear"), "attention core: B sequences x P verify queries over ctx cached tokens"),
     "attn_prefill": TableSpec(("tokens", "ctx"), ("log", "linear"), "attention core: one prefill chunk of `tokens` after ctx cached tokens"),

@@ -11,9 +11,12 @@ for the step's dispatch mode (sim.dispatch) and run as a two-resource pipeline.
   PIECEWISE  per layer a graph piece (its dense part and MoE) then its eager core:
              attention = one paged-attention call over all requests (decode contexts,
              each prefill chunk with its own context); GDN = the verify call and the
-             commit for the decoding requests, ONE varlen prefill call for all prefill
-             sequences (`gdn_prefill_varlen` [tokens, seqs] where measured, else the
-             one-sequence `gdn_prefill` curve at the chunk-rounded token total);
+             commit for the decoding requests (the policy's kernels, kernels.csv, plus
+             the core's gating, conv verify/commit and q/k norms over the decode tokens,
+             `gdn_decode_conv` of the run's policy where measured), ONE varlen prefill
+             call for all prefill sequences (`gdn_prefill_varlen` [tokens, seqs] where
+             measured, else the one-sequence `gdn_prefill` curve at the chunk-rounded
+             token total); `gdn` holds only the layer's dense halves around its core;
   EAGER      as PIECEWISE with the dense parts launched eagerly (above the largest
              capture size).
 The drafter runs K passes whenever the step drafts: the first over all target
@@ -55,7 +58,7 @@ from typing import Any
 
 from core.config import REPO_ROOT, EngineConfig, HardwareConfig, ModelConfig, PolicyConfig, load_hardware
 from core.interp import Curve1D, GridInterpolator, from_rows
-from core.tables import STEP_COLUMNS, TABLES, TableError, read_rows
+from core.tables import DECODE_CONV, DECODE_CONV_COLUMNS, STEP_COLUMNS, TABLES, TableError, read_rows
 from policies import CommitPolicy, make_policy
 from sim.host_model import HostCosts, pipeline
 from sim.latency import TERMS, LatencyModel, LatencySources, StepBatch, StepTime
@@ -80,7 +83,7 @@ class CalibratedLatencyModel:
     def __init__(self, model: ModelConfig, hw: HardwareConfig, policy: CommitPolicy, engine_cfg: EngineConfig,
                  tables: dict[tuple[str, str], GridInterpolator], kernels: dict[str, Any],
                  overhead_us: float | None, fallback: LatencyModel | None, piecewise: bool = True,
-                 host: HostCosts | None = None) -> None:
+                 host: HostCosts | None = None, decode_conv: Curve1D | None = None) -> None:
         self.model, self.hw, self.policy, self.fallback = model, hw, policy, fallback
         self.piecewise = piecewise
         self.pricing = engine_cfg.latency_pricing
@@ -90,6 +93,7 @@ class CalibratedLatencyModel:
         self.layer_kinds = tuple(model.layer_pattern) * (model.num_layers // len(model.layer_pattern))
         self.tables = tables
         self.kernels = kernels
+        self.decode_conv = decode_conv
         self.tp = model.tensor_parallel
         self.nodes_per_depth = policy.tree.nodes_per_depth
         self.derived = hw.derived
@@ -167,7 +171,8 @@ class CalibratedLatencyModel:
                                     else (overhead, "calibrated" if overhead is not None else "analytic"))
             host = HostCosts.load(mdir / "host.csv", step_us, _derived_scale(hw, "overhead"), step_source,
                                   extrapolate=extrapolate, policy=policy.name)
-        return cls(model, hw, policy, engine_cfg, tables, kernels, overhead, fallback, piecewise, host)
+        decode_conv = load_decode_conv(mdir, policy.name, extrapolate=extrapolate)
+        return cls(model, hw, policy, engine_cfg, tables, kernels, overhead, fallback, piecewise, host, decode_conv)
 
     # ------------------------------------------------------------------ helpers
     def _t(self, table: str, mode: str, x: float) -> float:
@@ -449,6 +454,8 @@ class CalibratedLatencyModel:
             else:  # the roofline of the decode part alone
                 dec = replace(b, prefill_tokens=0, prefill_seqs=0, num_seqs=b.decode_seqs, prefill_chunks=())
                 out.append(self.fallback.step_time(dec).terms[term] / US / self.model.gdn_layers)
+        if self.decode_conv is not None:  # the core's gating, conv verify/commit and q/k norms
+            out[0] += self._f(0.0) * self.decode_conv(b.decode_tokens)
         return out[0], out[1]
 
     def _gdn_prefill_us(self, b: StepBatch) -> float:
@@ -500,6 +507,22 @@ def load_tables(mdir: Path, *, extrapolate: bool = True) -> dict[tuple[str, str]
             except ValueError as e:
                 raise TableError(f"{mdir / name}.csv: {e}") from None
     return out
+
+
+def load_decode_conv(mdir: Path, policy: str, *, extrapolate: bool = True) -> Curve1D | None:
+    """The GPU time of one GDN layer's decode core outside the policy's kernels (gdn_decode_conv.csv,
+    the policy's graph rows) over decode tokens; None where it was not measured."""
+    path = mdir / f"{DECODE_CONV}.csv"
+    if not path.exists():
+        return None
+    rows = [r for r in read_rows(path, DECODE_CONV_COLUMNS) if r["policy"] == policy and r["mode"] == "graph"]
+    if not rows:
+        return None
+    try:
+        return from_rows(f"{mdir.name}/{DECODE_CONV}[{policy}]", rows, ("tokens",), ("log",),
+                         extrapolate=extrapolate).partial()
+    except ValueError as e:
+        raise TableError(f"{path}: {e}") from None
 
 
 def _derived_scale(hw: HardwareConfig, kind: str) -> float:

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from core.config import ModelConfig, load_hardware, load_model, validate  # noqa: E402
-from core.tables import COLUMNS, STEP_COLUMNS, TABLES  # noqa: E402
+from core.tables import COLUMNS, DECODE_CONV_COLUMNS, STEP_COLUMNS, TABLES  # noqa: E402
 from calibrate.grid import ALL_JOBS, Grid, jobs_for_part  # noqa: E402
 from calibrate.shapes import LayerShapes  # noqa: E402
 from tiny_model import TINY  # noqa: E402
@@ -99,6 +99,37 @@ def test_every_table_written_with_schema(measured):
     decode = list(csv.DictReader((mdir / "attn_decode.csv").open()))
     assert len(decode) == len(GRID.decode_b) * len(GRID.decode_p) * len(GRID.decode_ctx)
     assert {int(r["tokens"]) for r in decode} == {b * p for b in GRID.decode_b for p in GRID.decode_p}
+
+
+def test_decode_conv_table_per_policy(measured):
+    from sim.latency_calibrated import load_decode_conv
+
+    mdir, _, _ = measured
+    rows = list(csv.DictReader((mdir / "gdn_decode_conv.csv").open()))
+    assert tuple(rows[0]) == DECODE_CONV_COLUMNS
+    assert {r["policy"] for r in rows} == {"store_all", "reconstruct", "replay", "reconstruct_deferred"}
+    assert all(int(r["tokens"]) == int(r["B"]) * int(r["P"]) and float(r["us"]) > 0 for r in rows)
+    assert len({r["B"] for r in rows}) == 2  # the CPU's short table
+    replay = {int(r["tokens"]): float(r["us"]) for r in rows if r["policy"] == "replay"}
+    curve = load_decode_conv(mdir, "replay")  # one curve over decode tokens per policy
+    assert all(curve(n) == pytest.approx(us) for n, us in replay.items())
+
+
+def test_gdn_table_times_the_dense_halves_not_the_core(tmp_path):
+    """The conv, gating and q/k norms are the core's (gdn_decode_conv, gdn_prefill_varlen): a gdn
+    table that timed the torch stand-in of the whole layer priced them twice for prefill tokens."""
+    from calibrate import layers
+    from calibrate.run import measure
+
+    def whole_layer(*a, **k):
+        raise AssertionError("the gdn table timed the whole layer")
+    model = validate(ModelConfig, TINY, "tiny")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(layers, "gdn_forward", whole_layer)
+        assert measure(model, load_hardware("h200"), ("gdn",), tmp_path, device="cpu", modes=("eager",),
+                       commit="abc123", grid=GRID, log=lambda s: None) == 0
+    rows = list(csv.DictReader((tmp_path / model.name / "gdn.csv").open()))
+    assert len(rows) == len(GRID.tokens)
 
 
 def test_step_check_and_memory(measured):

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from core.config import EngineConfig, load_hardware, load_model, load_policy
-from core.tables import COLUMNS, HOST_COLUMNS, HOST_OPS, SEQS_COLUMNS, STEP_COLUMNS, TABLES, TableError
+from core.tables import COLUMNS, DECODE_CONV_COLUMNS, HOST_COLUMNS, HOST_OPS, SEQS_COLUMNS, STEP_COLUMNS, TABLES, TableError
 from policies import make_policy
 from sim.latency import TERMS, StepBatch
 from sim.latency_analytic import AnalyticLatencyModel
@@ -302,6 +302,23 @@ def test_mixed_step_priced_from_graph_tables_and_host_model(tmp_path):
     # every later launch (1 us) hides behind GPU work already queued
     assert t["overhead"] == pytest.approx(3.0)
     assert lm.sources.by_term["overhead"] == "calibrated"
+
+
+def test_decode_core_conv_priced_at_the_decode_tokens_under_the_runs_policy(tmp_path):
+    root = make_tables(tmp_path)
+    write_host(root / MODEL)
+    b = step(MIXED)  # 8 decodes x 4 positions and two prefills
+    without = load(root, pricing="pipeline", async_scheduling=False).step_time(b).terms["gdn_verify"] * 1e6
+    write_csv(root / MODEL / "gdn_decode_conv.csv", [
+        {c: 0 for c in COLUMNS} | {"policy": pol, "mode": "graph", "B": n, "P": 4, "tokens": 4 * n,
+                                   "us": base + 0.05 * 4 * n}
+        for pol, base in (("store_all", 7.0), ("replay", 30.0)) for n in (1, 4, 16, 64, 256)], DECODE_CONV_COLUMNS)
+    lm = load(root, pricing="pipeline", async_scheduling=False)
+    assert lm.decode_conv(16) == pytest.approx(7.8)  # the run's policy's rows, not replay's
+    t = lm.step_time(b).terms["gdn_verify"] * 1e6
+    # once per GDN layer over the 32 decode tokens; the prefill tokens' conv is the varlen call's
+    assert t - without == pytest.approx(GDN_LAYERS * lm.decode_conv(32))
+    assert 7.0 + 0.05 * 16 < lm.decode_conv(32) < 7.0 + 0.05 * 64
 
 
 def test_varlen_prefill_is_one_call_per_layer(tmp_path):

@@ -305,7 +305,7 @@ def test_policy_host_rows_are_measured_under_each_policy(monkeypatch):
     pols = [load_policy(p) for p in ("store_all", "replay", "reconstruct_deferred")]
     rows = host.measure_policy_host(ex, pols + [load_policy("store_all", {"draft_tree_widths": [2, 2]})], log.append,
                                     quick=True)
-    batches = host._decode_batches(ex, quick=True)
+    batches = host.decode_batches(ex, quick=True)
     assert [(r["policy"], r["op"], r["n"]) for r in rows] == [
         (p, op, b) for p in ("store_all", "replay", "reconstruct_deferred") for b in batches for op in HOST_POLICY_OPS]
     assert [r["us"] for r in rows if r["op"] == "gdn_verify"] == [float(k) for k in (1, 2, 3) for _ in batches]
