@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from calibrate import layers as L
+from calibrate.fla import load_fla
 from calibrate.graphs import EAGER, FULL, PIECEWISE, GraphCache, Plan, plan
 from calibrate.shapes import LayerShapes
 from core.config import ModelConfig, PolicyConfig
@@ -246,17 +247,6 @@ def load_policy_kernels(policy: str) -> tuple[object, Callable, Callable]:
     mod = importlib.import_module(f"policies.kernels.{policy}")
     c = CONV_OF.get(policy, policy)
     return mod, getattr(conv, f"{c}_verify"), getattr(conv, f"{c}_commit")
-
-
-def load_fla() -> tuple[Callable | None, Callable | None]:
-    """fla's varlen chunked gated delta rule and causal conv1d (vLLM's GDN prefill kernels)."""
-    from calibrate.run import load_fla_chunk
-
-    try:
-        from fla.modules.causal_conv1d import causal_conv1d
-    except ImportError:
-        causal_conv1d = None
-    return load_fla_chunk(), causal_conv1d
 
 
 # ------------------------------------------------------------------ the executor

@@ -16,19 +16,11 @@ from typing import Callable
 from core.config import HardwareConfig, ModelConfig, load_policy, policy_names
 from core.tables import DECODE_CONV, DECODE_CONV_COLUMNS, STEP_COLUMNS, write_rows
 from calibrate import provenance
+from calibrate.fla import load_fla_chunk
 from calibrate.grid import FULL, QUICK, Grid
 
 
 GDN_PREFILL_DEADLINE_S = 45.0  # fla autotunes each new shape; bound the job's device time
-
-
-def load_fla_chunk() -> Callable[..., object] | None:
-    """flash-linear-attention's chunked gated delta rule (vLLM's GDN prefill kernel), if installed."""
-    try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-    except ImportError:
-        return None
-    return chunk_gated_delta_rule
 
 
 def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: Path, *, quick: bool = False,
