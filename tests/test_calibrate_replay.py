@@ -84,6 +84,25 @@ def test_runs_take_turns():
     assert RP.take_turns({"a": 3}, 8) == [("a", 0, 3)] and RP.take_turns({}, 8) == []
 
 
+def test_host_tables_keep_each_point_from_its_lowest_pass():
+    from calibrate.host import lowest_pass
+
+    def row(op, n, us, policy=None):
+        return {**({"policy": policy} if policy else {}), "op": op, "n": n, "us": us, "us_p10": us * 0.9,
+                "us_p90": us * 2, "reps": 10}
+    # pass 2 switched to a slow regime halfway (n=64); pass 1 was slow at its start
+    one = [row("gdn_verify", 16, 510.0, "replay"), row("gdn_verify", 64, 300.0, "replay"),
+           row("gdn_verify", 16, 250.0, "store_all")]
+    two = [row("gdn_verify", 16, 297.0, "replay"), row("gdn_verify", 64, 560.0, "replay"),
+           row("gdn_verify", 16, 260.0, "store_all"), row("gdn_commit", 16, 60.0, "store_all")]
+    got = {(r["policy"], r["op"], r["n"]): r for r in lowest_pass([one, two])}
+    assert {k: r["us"] for k, r in got.items()} == {
+        ("replay", "gdn_verify", 16): 297.0, ("replay", "gdn_verify", 64): 300.0,
+        ("store_all", "gdn_verify", 16): 250.0, ("store_all", "gdn_commit", 16): 60.0}
+    assert got[("replay", "gdn_verify", 64)]["us_p90"] == 600.0  # the whole row of that pass
+    assert lowest_pass([]) == []
+
+
 def test_host_probe_times_one_launch():
     probe = host.HostProbe("cpu")
     us = [probe() for _ in range(3)]
