@@ -298,6 +298,8 @@ class CalibratedLatencyModel:
                     us[term] = m.gdn_layers * self._f(0.0) * price(mode, b)
                 else:
                     fallback.append(term)
+            if self.decode_conv is not None:  # measured as GPU time only: both modes price it so
+                us["gdn_verify"] += m.gdn_layers * self._f(0.0) * self.decode_conv(b.decode_tokens)
         if b.prefill_tokens:
             if ("gdn_prefill", mode) in self.curves:
                 us["gdn_verify"] += m.gdn_layers * b.prefill_seqs * self._f(0.0) * \

@@ -319,6 +319,11 @@ def test_decode_core_conv_priced_at_the_decode_tokens_under_the_runs_policy(tmp_
     # once per GDN layer over the 32 decode tokens; the prefill tokens' conv is the varlen call's
     assert t - without == pytest.approx(GDN_LAYERS * lm.decode_conv(32))
     assert 7.0 + 0.05 * 16 < lm.decode_conv(32) < 7.0 + 0.05 * 64
+    # the old eager-sum pricing adds it too (the gdn table no longer holds a conv stand-in)
+    eager = load(root, pricing="eager_sum").step_time(b).terms["gdn_verify"] * 1e6
+    (root / MODEL / "gdn_decode_conv.csv").unlink()
+    eager_without = load(root, pricing="eager_sum").step_time(b).terms["gdn_verify"] * 1e6
+    assert eager - eager_without == pytest.approx(GDN_LAYERS * lm.decode_conv(32))
 
 
 def test_varlen_prefill_is_one_call_per_layer(tmp_path):
