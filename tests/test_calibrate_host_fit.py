@@ -36,6 +36,17 @@ def test_fit_recovers_the_scales_and_scores_them_out_of_sample():
     assert fit["unscaled"]["mixed_graph"]["bias"] > 0 and fit["fit_on_all"]["all"]["median_ape"] == pytest.approx(0)
 
 
+def test_a_group_the_steps_barely_depend_on_keeps_its_measured_cost():
+    # graph replays add a few us to a step: lowering their scale trims the error by a sliver
+    # that must not move it (the medians' noise would pick any value)
+    def slight(scales: dict, sel: list) -> dict:
+        priced = [{**r, "predicted_us": scales.get("prefill", 1) * r["prefill"] + scales.get("eager", 1) * r["eager"]
+                   + 0.5 * scales.get("graph", 1), "old_predicted_us": float("nan")} for r in sel]
+        return summarize(priced)
+    scales, _ = HF.fit_scales(slight, rows())
+    assert scales["graph"] == 1.0 and scales["prefill"] == TRUE["prefill"] and scales["eager"] == TRUE["eager"]
+
+
 def test_fit_uses_the_rows_measured_at_nominal_host_speed():
     # Steps measured while the host probe read a slower regime took 1.5x as long: they must not
     # pull the scales (the simulator prices the nominal host, as the host tables measured it).
