@@ -39,19 +39,14 @@ def gdn_decode_conv_table(ex: object, policies: Sequence[PolicyConfig], bw_gbs: 
     """The table's rows for each policy of the executor's step shape (others are logged and
     skipped), at the first `batches` of calibrate.host's decode batches (default all); leaves the
     executor on the last policy measured."""
-    from calibrate.host import cycles_per_us, decode_batches, decode_requests, gpu_times
+    from calibrate.host import cycles_per_us, decode_batches, decode_requests, gpu_times, under_each_policy
     from calibrate.timing import spread
 
     cuda = ex.device.type == "cuda"
     cpu = cycles_per_us() if cuda else 0.0
     s, i = ex.s, ex.kinds.index("gdn")
     rows: list[dict] = []
-    for pol in policies:
-        try:
-            ex.use_policy(pol)
-        except ValueError as e:
-            log(f"  gdn_decode_conv {pol.name}: skipped ({e})")
-            continue
+    for pol in under_each_policy(ex, policies, log, "gdn_decode_conv"):
         for b in decode_batches(ex, quick=False)[:batches]:
             st = ex.prepare(decode_requests(ex, b), mode="eager")
             accepted = ex.i32.d("accepted", st.B)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -175,17 +175,24 @@ def measure_policy_host(ex: object, policies: Sequence, log: Callable[[str], Non
         return []
     gdn = ex.kinds.index("gdn")
     rows: list[dict] = []
-    for pol in policies:
-        try:
-            ex.use_policy(pol)
-        except ValueError as e:
-            log(f"  host {pol.name}: skipped ({e})")
-            continue
+    for pol in under_each_policy(ex, policies, log, "host"):
         record = _recorder(rows, log, 5 if quick else 10, {"policy": pol.mamba_state_commit})
         for b in decode_batches(ex, quick):
             st = ex.prepare(decode_requests(ex, b), mode="eager")
             _record_core(record, ex, gdn, st, b)
     return rows
+
+
+def under_each_policy(ex: object, policies: Sequence, log: Callable[[str], None], what: str) -> Iterator:
+    """Each policy config in turn, the executor switched to it; one of another step shape than the
+    executor's is skipped, with a log line naming `what` was being measured."""
+    for pol in policies:
+        try:
+            ex.use_policy(pol)
+        except ValueError as e:
+            log(f"  {what} {pol.name}: skipped ({e})")
+            continue
+        yield pol
 
 
 def lowest_pass(passes: Sequence[Sequence[dict]]) -> list[dict]:

@@ -19,9 +19,10 @@ every few seconds, and SIGALRM shortly past it interrupts whatever runs (calibra
 Before timing, a correctness check runs a mixed and a uniform-decode batch eagerly,
 piecewise and as a full graph from the same GDN state (activations poisoned with NaN
 first) and compares the outputs; then the host costs of each op are measured
-(host.csv, `calibrate.host`, HOST_PASSES passes, each point from its lowest pass). Torch runs on one CPU thread (as in vLLM's workers), and a host
-probe (`calibrate.host.HostProbe`) is taken before every step: the summary's `host_speed` scores
-the steps measured at nominal host speed apart from those of the device's slower regimes.
+(host.csv, `calibrate.host`, HOST_PASSES passes, each point from its lowest pass). Torch runs
+on one CPU thread (as in vLLM's workers), and a host probe (`calibrate.host.HostProbe`) is taken
+before every step: the summary's `host_speed` scores the steps measured at nominal host speed
+apart from those of the device's slower regimes.
 
 Writes under `<out>/<model>/`: replay_steps.csv (one row per step: measured, the
 simulator's prediction and its terms, the old eager-sum pricing), replay_summary.json
@@ -562,6 +563,8 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
             checks: list[dict] = []
             host_rows: list[dict] = []
             policy_rows: list[dict] = []
+            policy_passes: list[list[dict]] = []
+            host_passes: list[list[dict]] = []
             varlen_rows: list[dict] = []
             host_policy = None
             errors_: list[str] = []
@@ -623,8 +626,6 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                         names = policy_names() if host_policies is None else host_policies
                         default = next((r.policy for r in group if r.policy.mamba_state_commit == "store_all"),
                                        group[0].policy)
-                        policy_passes: list[list[dict]] = []
-                        host_passes: list[list[dict]] = []
                         for k in range(1 if smoke else HOST_PASSES):
                             host_probes.setdefault("host_policies", []).append(probe())
                             try:
@@ -683,7 +684,7 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
             "smoke": smoke, "runs": [r.name for r in runs], "steps_replayed": len(rows) - len(done),
             "steps_resumed": len(done), "reps": reps,
             "warmup": warmup, "kernels": kernels, "host_policy": host_policy, "errors": errors_,
-            "host_probe_us": host_probes, "host_passes": len(host_probes.get("host", [])) // 2,
+            "host_probe_us": host_probes, "host_passes": len(host_passes),
             "pinned_cpu": pin_cpu, "torch_threads": TORCH_THREADS, "wall_s": round(time.perf_counter() - t0, 1)}
     part["device_time_s"] = part["wall_s"]
     prov = provenance.read(mdir / "provenance.json")

@@ -19,8 +19,9 @@ max(GPU chain issued from t = 0, all host work of the step).
 Host costs come from `host.csv` (measured by `specsim calibrate replay` on the GPU
 machine, columns core.tables.HOST_COLUMNS); an op it lacks is priced by ANALYTIC_US below
 and labelled 'analytic'. Each op is timed alone, issued again and again behind a busy
-GPU, which overstates what it costs inside a real step (priced with those costs as measured,
-the replay's mixed and prefill-only steps came out 25-63% too long: `unscaled` in host_fit.json); `host_fit.json` beside host.csv (written by
+GPU, in the fastest of several passes, which is not what it costs inside a real step (priced
+with those costs as measured, the replay's mixed and prefill-only steps came out 11-22% too
+short: `unscaled` in host_fit.json); `host_fit.json` beside host.csv (written by
 `specsim calibrate replay --summarize DIR --fit-host`, calibrate.host_fit) holds one scale
 per group of ops (HOST_GROUPS) fitted to the replayed whole steps, applied on load.
 host.csv is measured under one commit policy; `host_policies.csv` beside it holds the ops a
