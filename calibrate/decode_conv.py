@@ -1,10 +1,11 @@
 """The `gdn_decode_conv` table: GPU time of one GDN layer's decode core outside the policy's SSM kernels.
 
 Around its verify and commit kernels (kernels.csv), a GDN layer's decode core runs the
-gating of the decode tokens, the policy's conv verify (the short conv over each request's
-tree from its window), the q/k L2 norms, the copy of the verify output into the layer's
-rows and the conv commit (vLLM's causal_conv1d_update and fused_gdn_gating sit in the same
-place). `gdn` (the dense halves) does not hold this work, and for prefill tokens
+gating of the decode tokens, the policy's conv verify (one launch: the short conv over each
+request's tree from its window, reading the projection rows in place, the q/k L2 norms, q, k
+and v written contiguous), the copy of the verify output into the layer's rows and the conv
+commit (vLLM's fused_gdn_gating and causal_conv1d_update sit in the same place, its q/k norms
+inside the recurrence). `gdn` (the dense halves) does not hold this work, and for prefill tokens
 `gdn_prefill_varlen` does. Each point runs the executor's own code (`Executor.gdn_inputs`,
 `verify_inputs`, `verify_output`, `conv_commit`) for B decoding requests with the policy's
 tree, queued behind a busy GPU (the GPU time a graph would see), under each policy, on a
@@ -65,10 +66,10 @@ def gdn_decode_conv_table(ex: object, policies: Sequence[PolicyConfig], bw_gbs: 
             n, c = st.B * st.T, s.gdn_conv_channels
             window = (s.conv_kernel - 1) * c * 2
             # Minimum traffic: the gating's two columns per head, the conv input read and output
-            # written, q and k normalised in place, the verify output copied, each window read and
-            # written, the log-decays and betas written (float32).
-            nbytes = n * (2 * s.gdn_v_heads * 2 + 2 * c * 2 + 2 * 2 * s.gdn_qk_channels * 2
-                          + 2 * s.gdn_v_channels * 2 + 2 * s.gdn_v_heads * 4) + 2 * st.B * window
+            # written, the verify output copied, each window read and written, the log-decays and
+            # betas written (float32).
+            nbytes = n * (2 * s.gdn_v_heads * 2 + 2 * c * 2 + 2 * s.gdn_v_channels * 2
+                          + 2 * s.gdn_v_heads * 4) + 2 * st.B * window
             flops = 2.0 * n * c * s.conv_kernel
             us, p10, p90 = spread(ts)
             rows.append({"policy": pol.mamba_state_commit, "mode": "graph", "B": st.B, "P": st.T, "ctx": 0,

@@ -622,9 +622,8 @@ class Executor:
     def verify_inputs(self, i: int, st: Step, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
                       ) -> tuple[tuple, object]:
         """The verify kernel's arguments (q, k, v, g, beta, parent, state, lengths) after the policy's
-        conv verify and the q/k norms, and the conv's context for its commit."""
+        conv verify (with the q/k norms), and the conv's context for its commit."""
         s, B, T = self.s, st.B, st.T
-        w = self.w.layers[i]
         if st.ragged:
             rows = self.i64.d("dec_rows", B * T)
             qkv, g, beta = qkv.index_select(0, rows), g.index_select(0, rows), beta.index_select(0, rows)
@@ -648,9 +647,13 @@ class Executor:
             conv_state = self.conv_pool[i][1:B + 1]
         else:
             state, conv_state = self.ssm[i][1:B + 1], self.conv_pool[i][1:B + 1]
-        y, conv_ctx = self.conv_verify(qkv.reshape(B, T, -1), self.w.conv[i], parent, conv_state, lengths)
-        q, k, v = self._split_qkv(y, (B, T))
-        q, k = (F.rms_norm(t, (s.head_k_dim,), w.qk_scale, L.EPS) for t in (q, k))
+        # One launch, as vLLM's causal_conv1d_update with the q/k L2 norms it fuses into the
+        # recurrence: the projection's rows read in place, q and k normalised, q, k, v contiguous.
+        qk = s.gdn_qk_channels
+        (q, k, v), conv_ctx = self.conv_verify(qkv.reshape(B, T, -1), self.w.conv[i], parent, conv_state, lengths,
+                                               norm_channels=2 * qk, norm_dim=s.head_k_dim, split=(qk, 2 * qk))
+        q, k = (t.view(B, T, s.gdn_k_heads, s.head_k_dim) for t in (q, k))
+        v = v.view(B, T, s.gdn_v_heads, s.head_v_dim)
         return (q, k, v, g.view(B, T, -1), beta.view(B, T, -1), parent, state, lengths), conv_ctx
 
     def verify_output(self, st: Step, o: torch.Tensor) -> None:

@@ -227,3 +227,27 @@ def test_replay_caches_hold_the_traced_count_however_often_a_step_runs():
         assert rs.count[1:3].tolist() == rcs.count[1:3].tolist() == [5 + 3, room + 2]
         assert int(rs.count.max()) <= rs.capacity
     assert torch.isfinite(ex.x[:8].float()).all()
+
+
+@pytest.mark.parametrize("policy", ["store_all", "reconstruct", "replay"])
+def test_decode_core_conv_reads_projection_rows_and_normalises_q_k(policy):
+    """The verify's q, k, v come from one conv launch over the projection rows in place: the
+    float64 conv of those rows along each request's tree, q and k unit-norm per head."""
+    from policies.kernels import reference as ref
+
+    ex = tiny(policy)
+    s = ex.s
+    reqs = [R(1, 0, 20, CHAIN, 3), R(2, 0, 9, CHAIN, 0)]
+    st = ex.prepare(reqs, mode="eager")
+    ex.gdn_proj.normal_()
+    window = ex.conv_pool[0][1:st.B + 1].clone()
+    qkv, g, beta, nd = ex.gdn_inputs(0, st)
+    (q, k, v, *_), _ = ex.verify_inputs(0, st, qkv[:nd], g[:nd], beta[:nd])
+    parent = ex.i32.d("parent", st.B * st.T).view(st.B, st.T)
+    qk = s.gdn_qk_channels
+    y_ref, _ = ref.tree_conv(qkv[:nd].reshape(st.B, st.T, -1), ex.w.conv[0], parent, window,
+                             norm_channels=2 * qk, norm_dim=s.head_k_dim)
+    got = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2)], -1).double()
+    assert (got - y_ref).abs().max() < 2e-2 * y_ref.abs().max()  # bf16 outputs
+    norms = torch.cat([q, k], 2).double().norm(dim=-1)
+    assert torch.allclose(norms, torch.ones_like(norms), atol=1e-2)

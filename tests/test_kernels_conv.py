@@ -75,3 +75,51 @@ def test_conv_bad_input(bad, arg):
     x[bad] = x[bad][..., :1] if bad != "parent" else x[bad][:, :2]
     with pytest.raises(ValueError, match=arg):
         conv.reconstruct_verify(**x)
+
+
+@pytest.mark.parametrize("policy", ["store_all", "reconstruct", "replay"])
+def test_conv_fused_outputs(policy):
+    """The executor's one launch: x read in place from wider projection rows, the leading q/k
+    heads L2-normalised, q, k and v written as three contiguous tensors; the commit still
+    follows the accepted path."""
+    trees = [full((2, 2)), chain(3), [-1]]
+    x = inputs(trees, seed=5, T=7)
+    B, T, _ = x["x"].shape
+    wide = torch.randn(B * T, C + 24, generator=torch.Generator().manual_seed(6))
+    wide[:, :C] = x["x"].reshape(B * T, C)
+    x["x"] = wide[:, :C].reshape(B, T, C)  # a view: rows C + 24 apart
+    assert not x["x"].is_contiguous()
+    out = dict(norm_channels=64, norm_dim=32, split=(32, 64))
+    if policy == "replay":
+        rs = conv.ReplayConvState.start(x["conv_state"].clone(), 3, max_path=4, dtype=torch.float32)
+        prev = {**inputs([chain(2), chain(3), chain(1)], seed=8), "conv_state": x["conv_state"]}
+        rs = conv.replay_commit(conv.replay_verify(**{**prev, "conv_state": rs})[1],
+                                torch.tensor([1, 2, 0], dtype=torch.int32))
+        _, prev_states = R.tree_conv(**prev)
+        truth = prev_states[torch.arange(B), torch.tensor([1, 2, 0])]
+        y, ctx = conv.replay_verify(**{**x, "conv_state": rs}, **out)
+    else:
+        truth = x["conv_state"].double()
+        verify = {"store_all": conv.store_all_verify, "reconstruct": conv.reconstruct_verify}[policy]
+        y, ctx = verify(**{**x, "conv_state": x["conv_state"].clone()}, **out)
+    y_ref, states = R.tree_conv(**{**x, "conv_state": truth}, norm_channels=64, norm_dim=32)
+    assert [tuple(p.shape) for p in y] == [(B, T, 32), (B, T, 32), (B, T, C - 64)]
+    assert all(p.is_contiguous() for p in y)
+    assert rel_err(torch.cat(y, -1), y_ref) < 1e-6
+    norms = torch.cat(y, -1)[0, :4, :64].unflatten(-1, (2, 32)).norm(dim=-1)
+    assert torch.allclose(norms, torch.ones_like(norms), atol=1e-5)
+    acc = torch.tensor([3, 2, 0], dtype=torch.int32)
+    if policy == "replay":
+        ctx.rs.steps = ctx.rs.flush_interval - 1  # this commit flushes: the window is written out
+        new = conv.replay_commit(ctx, acc).conv_state
+    else:
+        new = {"store_all": conv.store_all_commit, "reconstruct": conv.reconstruct_commit}[policy](ctx, acc)
+    assert rel_err(new, states[torch.arange(B), acc.long()]) < 1e-6
+
+
+@pytest.mark.parametrize("bad", [dict(norm_channels=48, norm_dim=32), dict(norm_channels=64, norm_dim=24),
+                                 dict(split=(0, 10)), dict(split=(100, 50))])
+def test_conv_bad_output_options(bad):
+    x = inputs([chain(3)], seed=3)
+    with pytest.raises(ValueError, match="norm_dim|split"):
+        conv.reconstruct_verify(**x, **bad)

@@ -115,7 +115,7 @@ def test_pending_memory_matches_policy_accounting(model, widths):
     assert policy.cache_bytes_per_seq_per_gpu() == m.gdn_layers * ds.pending_bytes_per_seq()
 
 
-@pytest.mark.parametrize("name", ["bf16x3", "default", "tf32x3", "pp-pending-loop"])
+@pytest.mark.parametrize("name", ["bf16x3", "default", "tf32x3", "pp-pending-loop", "rows4-bv16-w1"])
 def test_tunings_exact(name):
     """The bench's exactness check of a tuning, here in the interpreter: bf16x3 (q, k in bf16, the
     state split in three bf16 parts: exact to float32, where dropping the low part costs ~1e-5)

@@ -179,21 +179,37 @@ def test_deferred_steps_in_cuda_graph():
     assert rel_err(RD.flush(ds), truth) < 1e-5
 
 
-@pytest.mark.parametrize("policy", ["store_all", "reconstruct"])
-def test_conv_real_width(policy):
-    """35B-A3B's conv width (2 x 16 x 128 + 32 x 128 channels), a (3,3,3) tree and a chain."""
-    trees, C = [full((3, 3, 3)), chain(5)], 2 * 16 * 128 + 32 * 128
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+@pytest.mark.parametrize("policy", ["store_all", "reconstruct", "replay"])
+def test_conv_real_width(policy, fused):
+    """35B-A3B's conv width (2 x 16 x 128 + 32 x 128 channels), a (3,3,3) tree and a chain; fused:
+    as the executor calls it (projection rows in place, q/k L2 norms, q, k, v split), in a CUDA graph."""
+    trees, C, qk = [full((3, 3, 3)), chain(5)], 2 * 16 * 128 + 32 * 128, 16 * 128
     gen = torch.Generator().manual_seed(7)
     parent = torch.full((2, 40), -1, dtype=torch.int32)
     for b, t in enumerate(trees):
         parent[b, :len(t)] = torch.tensor(t, dtype=torch.int32)
-    x = on_gpu(dict(x=torch.randn(2, 40, C, generator=gen).bfloat16(), weight=torch.randn(C, 4, generator=gen),
-                    parent=parent, conv_state=torch.randn(2, C, 3, generator=gen).bfloat16(),
+    proj = torch.randn(2 * 40, C + 64, generator=gen).bfloat16()
+    x = on_gpu(dict(x=proj, weight=torch.randn(C, 4, generator=gen), parent=parent,
+                    conv_state=torch.randn(2, C, 3, generator=gen).bfloat16(),
                     lengths=torch.tensor([40, 5], dtype=torch.int32), bias=None))
-    y_ref, states = R.tree_conv(**x)
+    x["x"] = x["x"][:, :C].reshape(2, 40, C) if fused else x["x"][:, :C].reshape(2, 40, C).contiguous()
+    out = dict(norm_channels=2 * qk, norm_dim=128, split=(qk, 2 * qk)) if fused else {}
+    y_ref, states = R.tree_conv(**x, norm_channels=out.get("norm_channels", 0))
     verify, commit = {"store_all": (conv.store_all_verify, conv.store_all_commit),
-                      "reconstruct": (conv.reconstruct_verify, conv.reconstruct_commit)}[policy]
-    y, ctx = verify(**{**x, "conv_state": x["conv_state"].clone()})
-    assert rel_err(y, y_ref) < 2e-2
+                      "reconstruct": (conv.reconstruct_verify, conv.reconstruct_commit),
+                      "replay": (conv.replay_verify, conv.replay_commit)}[policy]
+    cs = x["conv_state"].clone()
+    if policy == "replay":  # flushed every commit: the window is rebuilt from the path
+        cs = conv.ReplayConvState.start(cs, 1, max_path=40, dtype=torch.bfloat16)
     acc = torch.tensor([39, 4], dtype=torch.int32, device="cuda")
-    assert rel_err(commit(ctx, acc), states[torch.arange(2), acc.long()]) < 1e-2
+    graph = torch.cuda.CUDAGraph()
+    verify(**{**x, "conv_state": cs}, **out)  # compile outside the capture
+    with torch.cuda.graph(graph):
+        y, ctx = verify(**{**x, "conv_state": cs}, **out)
+        new = commit(ctx, acc, check=False)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(torch.cat(y, -1) if fused else y, y_ref) < 2e-2
+    new = new.conv_state if policy == "replay" else new
+    assert rel_err(new, states[torch.arange(2), acc.long()]) < 1e-2

@@ -112,11 +112,13 @@ def tree_state(k: torch.Tensor, g: torch.Tensor, parent: torch.Tensor, state: to
 
 def tree_conv(x: torch.Tensor, weight: torch.Tensor, parent: torch.Tensor, conv_state: torch.Tensor,
               lengths: torch.Tensor | None = None, bias: torch.Tensor | None = None, silu: bool = True,
-              dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+              norm_channels: int = 0, norm_dim: int = 128, dtype: torch.dtype = torch.float64
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Depthwise causal conv along each node's ancestor path, walked literally.
 
     Returns y [B, T, C] and every node's conv state [B, T, C, K-1] (its window's newest
-    K - 1 inputs, oldest first); positions past a tree's length are 0.
+    K - 1 inputs, oldest first); positions past a tree's length are 0. The leading
+    norm_channels of y are L2-normalised in groups of norm_dim (fla's l2norm, eps 1e-6).
     """
     B, T, C = x.shape
     K = weight.shape[1]
@@ -137,4 +139,7 @@ def tree_conv(x: torch.Tensor, weight: torch.Tensor, parent: torch.Tensor, conv_
                 acc = acc + bias.to(dtype)
             y[b, t] = acc * torch.sigmoid(acc) if silu else acc
             states[b, t] = torch.stack(window[:K - 1][::-1], dim=-1)
+    if norm_channels:
+        qk = y[..., :norm_channels].unflatten(-1, (-1, norm_dim))
+        y[..., :norm_channels] = (qk / (qk.square().sum(-1, keepdim=True) + 1e-6).sqrt()).flatten(-2)
     return y, states

@@ -819,10 +819,11 @@ def state_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Te
         return o, u
     BV = block_v(DV)
     if kind == "rows":
-        BR = rows_block(T)
+        BR, BV = rows_block(T), block_v(DV, t.verify_bv)
         _rows_kernel[(B * Hv * (DV // BV),)](q, k, v, beta, state, mask, gc, lengths, o, u, T, Hk, Hv, out_start,
                                              T - out_start, DK=DK, DV=DV, BV=BV, BR=BR, BT=mask.shape[-1],
-                                             UNROLLED=BR <= ROWS_UNROLL_MAX, num_warps=4 if BR <= 16 else 8)
+                                             UNROLLED=BR <= ROWS_UNROLL_MAX,
+                                             num_warps=t.verify_warps if BR <= 16 else max(8, t.verify_warps))
         return o, u
     x, z = solve(q, k, v, beta, mask, gc, lengths)
     _apply_kernel[(B * Hv * (DV // BV),)](q, state, gc, lengths, x, z, o, u, T, Hk, Hv, out_start, T - out_start,

@@ -30,6 +30,12 @@ VARIANTS: dict[str, Tuning] = {
     "pp-stages3": Tuning(verify_stages=3, commit_stages=3),
     "fused-bv64-w8": Tuning(verify_bv=64, verify_warps=8),
     "ieee": Tuning(prec="ieee"),
+    # Smaller programs, more of them in flight: the commit waits on its loads (PROFILE.md), and
+    # the row verify's cross-thread reductions as fla's fused_recurrent runs them (16-32 rows, 1-2 warps).
+    "pp-commit-bv16-w2": Tuning(commit_bv=16, commit_warps=2),
+    "pp-commit-loop-bv16-w2": Tuning(commit="loop", commit_bv=16, commit_warps=2),
+    "rows4-bv16-w1": Tuning(rows_max=4, verify_bv=16, verify_warps=1),
+    "rows4-bv16-w2": Tuning(rows_max=4, verify_bv=16, verify_warps=2),
 }
 # (tree name, parents, B) at 35B-A3B shapes: the targets.
 VARIANT_CASES = (("1,1,1", tuple(full((1, 1, 1))), 128), ("3,3,3", tuple(full((3, 3, 3))), 128),
