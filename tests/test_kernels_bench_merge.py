@@ -3,6 +3,8 @@ names its run and the provenance keeps one part per run."""
 import csv
 import json
 
+import pytest
+
 from policies.kernels import bench
 
 COLS = ["model", "policy", "B", "T", "tree", "depth", "replayed_tokens", "flush", "mode", "verify_us", "commit_us"]
@@ -90,3 +92,13 @@ def test_merge_variants_converts_one_tuning_and_keeps_protected_runs(tmp_path):
         ("round1-pp", 2, "a0853f5", "t-pp", "pp", str(vfile))
     assert "--merge-variants" in part["conversion_command"]
     assert prov["merge"]["history"][-1]["replaced"] == 1 and prov["merge"]["history"][-1]["added"] == 1
+
+
+def test_models_filter_the_main_table(capsys):
+    only = bench.cases(False, ("float32", "bfloat16"), (128, 64), ("qwen3.5-35b-a3b",))
+    assert {c.model for c in only} == {"qwen3.5-35b-a3b"} and {c.B for c in only} == {128, 64}
+    assert len(bench.cases(False, ("float32",), (128,))) == 2 * len(bench.cases(False, ("float32",), (128,),
+                                                                                 ("qwen3.5-397b-a17b",)))
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--out", "unused", "--models", "qwen3.5-35b-a3b,nope"])
+    assert exc.value.code == 2 and "--models takes" in capsys.readouterr().err

@@ -99,20 +99,21 @@ class Case:
         return max(d)
 
 
-def cases(quick: bool, dtypes: tuple[str, ...] = ("float32",), batches: tuple[int, ...] = BATCHES) -> list[Case]:
-    """Batches in the order given (smallest first by default), both models and state dtypes per
+def cases(quick: bool, dtypes: tuple[str, ...] = ("float32",), batches: tuple[int, ...] = BATCHES,
+          models: tuple[str, ...] = tuple(MODELS)) -> list[Case]:
+    """Batches in the order given (smallest first by default), the models and state dtypes per
     batch: a run cut by --budget-s loses the last B. Quick: B = 128 (the targets) before B = 1."""
-    return [dataclasses.replace(c, state_dtype=d) for c in _cases(quick, batches) for d in dtypes]
+    return [dataclasses.replace(c, state_dtype=d) for c in _cases(quick, batches, models) for d in dtypes]
 
 
-def _cases(quick: bool, batches: tuple[int, ...] = BATCHES) -> list[Case]:
+def _cases(quick: bool, batches: tuple[int, ...], models: tuple[str, ...]) -> list[Case]:
     out = []
     for B in ((128, 1) if quick else batches):
         if REHEARSAL and B > 2:
             B = 2 if B == 64 else 3  # toy batches; keep 64 and 128 apart for the store_all reference
 
         for model, (hk, hv) in MODELS.items():
-            if quick and model != "qwen3.5-35b-a3b":
+            if model not in models or (quick and model != "qwen3.5-35b-a3b"):
                 continue
             for name, w in TREES.items():
                 if quick and name not in ("1,1,1", "3,3,3"):
@@ -701,6 +702,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)),
                     help="comma-separated batch sizes of the main table, in the order they run (a --budget-s cut "
                          "loses the last)")
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help=f"comma-separated models of the main table (default: all of {','.join(MODELS)})")
     ap.add_argument("--modes", default="graph,eager",
                     help="comma-separated timing modes of the main table: graph (CUDA-graph replay: what the "
                          "pipeline pricing reads), eager (the old eager-sum pricing)")
@@ -766,6 +769,9 @@ def main(argv: list[str] | None = None) -> int:
         batches = ()
     if not batches or any(b not in BATCHES for b in batches):
         ap.error(f"--batches takes a comma-separated subset of {','.join(map(str, BATCHES))}, got {args.batches!r}")
+    models = tuple(m.strip() for m in args.models.split(",") if m.strip())
+    if not models or any(m not in MODELS for m in models):
+        ap.error(f"--models takes a comma-separated subset of {','.join(MODELS)}, got {args.models!r}")
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     if not modes or any(m not in ("graph", "eager") for m in modes):
         ap.error(f"--modes takes a comma-separated subset of graph,eager, got {args.modes!r}")
@@ -828,7 +834,7 @@ def main(argv: list[str] | None = None) -> int:
     with csv_path.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=FIELDS)
         w.writeheader()
-        for c in cases(args.quick, dtypes, batches):
+        for c in cases(args.quick, dtypes, batches, models):
             if time.time() > deadline:
                 skipped.append(f"{c.model} B={c.B} T={c.T} {c.tree} {c.state_dtype}: not run "
                                f"(time budget {args.budget_s:.0f} s)")

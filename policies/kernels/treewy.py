@@ -55,19 +55,26 @@ class Tuning:
     positions multiply the state once, k and q rows in one tile (see `_fused_kernel`). prep:
     trees of at most 16 positions skip `_prep_kernel`, the fused verify doing its work. prec:
     see `_dot`. bv: state
-    rows per program. stages:
+    rows per program (pending_bv: the verify that applies a pending commit). stages:
     Triton's software pipelining of the block loops; 1 (none) by default: most trees are one
     block, and a deeper pipeline's shared-memory buffers cut the programs in flight per SM.
     """
     verify: str = "fused"
-    verify_bv: int = 32
+    # Session 14's variants run (kernels_variants_run8.csv, 35B-A3B, B = 128 / 64, float32): 64 state
+    # rows per verify program cut reconstruct's verify by 17-20% at every tree ((1,1,1) 203.6 ->
+    # 163.0 us, (3,3,3) 1,069 -> 876, chain 64 805 -> 666), but slow reconstruct_deferred's (its
+    # verify also applies and writes the pending commit: (1,1,1) 338.8 -> 433.9), which keeps 32
+    # (pending_bv). A 3-stage pipeline on the commit alone: (1,1,1) 192.9 -> 160.4 us, chain 16
+    # 102.2 -> 86.9 (on the verify it costs 2-40%).
+    verify_bv: int = 64
+    pending_bv: int = 32
     verify_warps: int = 4
     verify_stages: int = 1
     rows_max: int = 0
     commit: str = "dot"
     commit_bv: int = 32
     commit_warps: int = 4
-    commit_stages: int = 1
+    commit_stages: int = 3
     pending: str = "dot"
     # Register caps (Triton's maxnreg; 0: the compiler's choice). ncu (PROFILE.md): 138 / 130
     # registers allow 3 programs of 4 warps per SM; <= 128 allows 4, <= 96 five. 128 is run 5's
@@ -84,7 +91,7 @@ class Tuning:
             raise ValueError(f"Tuning.verify must be one of {', '.join(VERIFY_KINDS)}, got {self.verify!r}")
         if self.commit not in COMMIT_KINDS:
             raise ValueError(f"Tuning.commit must be one of {', '.join(COMMIT_KINDS)}, got {self.commit!r}")
-        for name in ("verify_bv", "commit_bv"):
+        for name in ("verify_bv", "pending_bv", "commit_bv"):
             bv = getattr(self, name)
             if bv < 16 or bv & (bv - 1):
                 raise ValueError(f"Tuning.{name} must be a power of two >= 16, got {bv}")
@@ -804,7 +811,7 @@ def state_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Te
     u = torch.empty(B, T, Hv, DV, dtype=torch.float32, device=v.device)
     kind = "fused" if pending is not None else verify_kernel(T, t)
     if kind == "fused":
-        BV = block_v(DV, t.verify_bv)
+        BV = block_v(DV, t.pending_bv if pending is not None else t.verify_bv)
         pd = pending or Pending(pu=u, pk=k, pg=gc, pn=lengths)  # placeholders: PENDING=False reads none
         par, g = prep or (lengths, gc)  # placeholders when PREP=False
         _fused_kernel[(B * Hv * (DV // BV),)](q, k, v, beta, state, mask, gc, lengths, o, u, pd.pu, pd.pk, pd.pg,

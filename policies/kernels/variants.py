@@ -23,7 +23,8 @@ VARIANTS: dict[str, Tuning] = {
     "pp-bv16-w4": Tuning(verify_bv=16, commit_bv=16),
     "pp-bv64-w4": Tuning(verify_bv=64, commit_bv=64),
     "pp-pending-loop": Tuning(pending="loop"),
-    "run2": Tuning(verify="blocked", rows_max=4, commit="loop"),
+    "run2": Tuning(verify="blocked", rows_max=4, commit="loop", verify_bv=32, commit_stages=1),
+    "run5": Tuning(verify_bv=32, commit_stages=1),  # the default of runs 5-7
     "pp-bv32-w8": Tuning(verify_warps=8, commit_warps=8),
     "pp-bv128-w8": Tuning(verify_bv=128, verify_warps=8),
     "pp-commit-loop": Tuning(commit="loop"),
