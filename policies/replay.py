@@ -25,6 +25,12 @@ class Replay(CommitPolicy):
         per_layer = self.cached_input_bytes_per_token_per_layer() // self.model.tensor_parallel
         return self.model.gdn_layers * self.max_cached_tokens() * per_layer
 
+    def verify_cache_positions(self) -> int:
+        """Cache slots the verify kernel runs over every step, however many hold tokens: the
+        kernels' shapes are fixed for CUDA graphs (policies.kernels.replay: (m - 1) paths of at
+        most depth + 1 tokens before the flush; none when every commit flushes)."""
+        return (self.flush_interval - 1) * (self.tree.depth + 1)
+
     def replay_tokens(self, steps_since_flush: int, accepted_since_flush: int) -> int:
         return accepted_since_flush
 

@@ -325,10 +325,14 @@ class CalibratedLatencyModel:
     def _verify_us(self, mode: str, b: StepBatch) -> float:
         base = self._kernel("verify", mode, b.decode_seqs)
         rep = self.kernels.get("replay")
-        if rep and b.replay_tokens:
-            per_seq, (m_tokens, curves) = b.replay_tokens / b.decode_seqs, rep
+        # Replay's verify runs over every cache slot whatever it holds (fixed shapes), so its cost
+        # follows the cache's capacity, not the tokens replayed this step (session 14's replay:
+        # priced by the tokens, its decode steps came out 2-4% short).
+        cached = self.policy.verify_cache_positions() if rep else 0
+        if cached:
+            m_tokens, curves = rep
             c = curves.get(mode) or next(iter(curves.values()))
-            base += max(0.0, c.partial()(b.decode_seqs) - base) * per_seq / m_tokens
+            base += max(0.0, c.partial()(b.decode_seqs) - base) * cached / m_tokens
         return base
 
     def _commit_us(self, mode: str, b: StepBatch) -> float:

@@ -75,10 +75,10 @@ def make_tables(root, kernels=True, steps=True, skip=()):
     return root
 
 
-def load(root, hw="h200", policy="store_all", fallback=True, pricing="eager_sum", **engine):
+def load(root, hw="h200", policy="store_all", fallback=True, pricing="eager_sum", policy_update=None, **engine):
     m = load_model(MODEL)
     h = load_hardware(hw).model_copy(update={"calibration_dir": str(root)})
-    pol = make_policy(m, load_policy(policy))
+    pol = make_policy(m, load_policy(policy).model_copy(update=policy_update or {}))
     eng = EngineConfig(latency_pricing=pricing, **engine)
     fb = AnalyticLatencyModel(m, h, pol, eng) if fallback else None
     return CalibratedLatencyModel.load(m, h, pol, eng, fallback=fb)
@@ -105,9 +105,15 @@ def test_replay_prices_replayed_tokens_and_flushes(tmp_path):
                       flush_seqs=flushing, draft_depth=3)
         t = lm.step_time(b).terms
         return t["gdn_verify"] / 30 * 1e6, t["gdn_commit"] / 30 * 1e6
-    assert kernel_terms(0, 8) == pytest.approx((80.0, 40.0))  # no replay; every request flushes
-    assert kernel_terms(8 * 6, 0) == pytest.approx((80.0 + 48.0, 8.0))  # 6 replayed each: half of 12; append only
+    # The verify runs over the cache's (4 - 1) x 4 = 12 slots whatever they hold (fixed shapes):
+    # the 12-token row, just after a flush as with 6 tokens cached each; the commit follows the flushes.
+    assert kernel_terms(0, 8) == pytest.approx((80.0 + 96.0, 40.0))
+    assert kernel_terms(8 * 6, 0) == pytest.approx((80.0 + 96.0, 8.0))
     assert kernel_terms(0, 2)[1] == pytest.approx(0.25 * 40.0 + 0.75 * 8.0)
+    lm1 = load(root, policy="replay", policy_update={"flush_interval": 1})  # every commit flushes: no cache, the plain verify
+    b = StepBatch(num_seqs=8, prefill_tokens=0, prefill_seqs=0, decode_seqs=8, spec_seqs=8, verify_positions=4,
+                  context_tokens=8 * 4096, max_context=4096, eager=False, replay_tokens=0, flush_seqs=8, draft_depth=3)
+    assert lm1.step_time(b).terms["gdn_verify"] / 30 * 1e6 == pytest.approx(80.0)
 
 
 def test_none_without_tables(tmp_path):
