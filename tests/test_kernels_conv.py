@@ -123,3 +123,23 @@ def test_conv_bad_output_options(bad):
     x = inputs([chain(3)], seed=3)
     with pytest.raises(ValueError, match="norm_dim|split"):
         conv.reconstruct_verify(**x, **bad)
+
+
+def test_conv_replay_appends_from_projection_rows():
+    """Replay's append reads the accepted path's inputs in place from strided rows: the next
+    verify sees the window of the accepted node."""
+    trees = [full((2, 2)), chain(3)]
+    x = inputs(trees, seed=11, T=7)
+    B, T, _ = x["x"].shape
+    wide = torch.randn(B * T, C + 8, generator=torch.Generator().manual_seed(12))
+    wide[:, :C] = x["x"].reshape(B * T, C)
+    x["x"] = wide[:, :C].reshape(B, T, C)
+    rs = conv.ReplayConvState.start(x["conv_state"].clone(), 3, max_path=4, dtype=torch.float32)
+    _, ctx = conv.replay_verify(**{**x, "conv_state": rs})
+    acc = torch.tensor([6, 2], dtype=torch.int32)
+    rs = conv.replay_commit(ctx, acc)
+    assert rs.steps == 1 and rs.count.tolist() == [3, 3]  # appended, not flushed
+    _, states = R.tree_conv(**x)
+    probe = {**inputs([[-1], [-1]], seed=13), "weight": x["weight"], "bias": x["bias"]}
+    y_ref, _ = R.tree_conv(**{**probe, "conv_state": states[torch.arange(B), acc.long()]})
+    assert rel_err(conv.replay_verify(**{**probe, "conv_state": rs})[0], y_ref) < 1e-6
