@@ -14,7 +14,6 @@ Rows: core.tables.DECODE_CONV_COLUMNS (`policy` = mamba_state_commit), mode "gra
 """
 from __future__ import annotations
 
-import time
 from typing import Callable, Sequence
 
 import torch
@@ -24,16 +23,6 @@ from core.config import HardwareConfig, ModelConfig, PolicyConfig
 MAX_REQUESTS = 256  # calibrate.host.decode_batches' largest batch
 
 
-def _wall_times(fn: Callable[[], object], reps: int) -> list[float]:
-    """CPU stand-in of calibrate.host.gpu_times (tests on the CPU): wall time per call."""
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t0) * 1e6)
-    return out
-
-
 def gdn_decode_conv_table(ex: object, policies: Sequence[PolicyConfig], bw_gbs: float,
                           log: Callable[[str], None] = print, reps: int = 20, batches: int | None = None
                           ) -> list[dict]:
@@ -41,7 +30,7 @@ def gdn_decode_conv_table(ex: object, policies: Sequence[PolicyConfig], bw_gbs: 
     skipped), at the first `batches` of calibrate.host's decode batches (default all); leaves the
     executor on the last policy measured."""
     from calibrate.host import cycles_per_us, decode_batches, decode_requests, gpu_times, under_each_policy
-    from calibrate.timing import spread
+    from calibrate.timing import spread, wall_times
 
     cuda = ex.device.type == "cuda"
     cpu = cycles_per_us() if cuda else 0.0
@@ -59,7 +48,7 @@ def gdn_decode_conv_table(ex: object, policies: Sequence[PolicyConfig], bw_gbs: 
                 ex.verify_output(st, o)
                 ex.conv_commit(conv_ctx, accepted, check=False)
             call()  # compile / autotune outside the timing
-            ts = gpu_times(call, reps, cpu) if cuda else _wall_times(call, reps)
+            ts = gpu_times(call, reps, cpu) if cuda else wall_times(call, reps)  # CPU: tests
             if ts is None:
                 log(f"  gdn_decode_conv {pol.name} B={b}: the GPU went idle (a host sync?); skipped")
                 continue

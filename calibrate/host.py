@@ -25,7 +25,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from calibrate.timing import spread
+from calibrate.timing import spread, wall_times
 from core.tables import HOST_COLUMNS as COLUMNS
 
 OPS = ("step_prepare", "step_finish", "sample", "attn_core", "gdn_verify", "gdn_commit", "gdn_prefill",
@@ -52,11 +52,7 @@ def issue_times(fn: Callable[[], object], reps: int, cycles_per_us: float) -> li
         torch.cuda._sleep(int(sleep_us * cycles_per_us))
         busy = torch.cuda.Event()
         busy.record()
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            ts.append((time.perf_counter() - t0) * 1e6)
+        ts = wall_times(fn, reps)
         idle = busy.query()
         torch.cuda.synchronize()
         if not idle:
@@ -226,12 +222,7 @@ def measure_host(ex: object, log: Callable[[str], None] = print, quick: bool = F
         st = ex.prepare(reqs, mode="eager")
         ex.launch(st)
         torch.cuda.synchronize()
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            ex.finish(st)
-            ts.append((time.perf_counter() - t0) * 1e6)
-        rows.append(_row("step_finish", b, ts))
+        rows.append(_row("step_finish", b, wall_times(lambda: ex.finish(st), reps)))
         n = st.n
         slots, seq_lens, cu = ex.i64.d("slots", n), ex.i32.d("seq_lens", st.R), ex.i32.d("cu_q", st.R + 1)
         record("attn_core", b, lambda: ex.attn_core(0, st, n, st.R, st.max_q, slots, seq_lens, cu))

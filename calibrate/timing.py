@@ -61,14 +61,19 @@ def _run(calls: list[Callable[[], object]]) -> None:
         c()
 
 
-def _time_host(calls: list[Callable[[], object]], reps: int) -> Timing:
-    _run(calls)
+def wall_times(fn: Callable[[], object], reps: int) -> list[float]:
+    """Host-clock time (us) of each of `reps` calls of fn."""
     out = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        _run(calls)
-        out.append((time.perf_counter() - t0) * 1e6 / len(calls))
-    return _summary(out, len(calls))
+        fn()
+        out.append((time.perf_counter() - t0) * 1e6)
+    return out
+
+
+def _time_host(calls: list[Callable[[], object]], reps: int) -> Timing:
+    _run(calls)
+    return _summary([t / len(calls) for t in wall_times(lambda: _run(calls), reps)], len(calls))
 
 
 def _events_us(fn: Callable[[], None]) -> float:
