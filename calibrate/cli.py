@@ -62,6 +62,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--max-steps", type=int, default=None, help="at most this many steps in all, spread over each run")
     r.add_argument("--time-budget-s", type=float, default=None, help="stop replaying steps after this many seconds")
     r.add_argument("--reps", type=int, default=3, help="timed runs per step (median reported)")
+    r.add_argument("--passes", type=int, default=1,
+                   help="times each picked step is measured, in passes over them all minutes apart; the summary "
+                        "compares a step's fastest pass (as host.csv keeps each point's lowest pass)")
+    r.add_argument("--step-kinds", default="",
+                   help="comma list of step kinds to replay (uniform_decode, mixed_graph, mixed_eager, "
+                        "prefill_only; default: every kind)")
     r.add_argument("--warmup", type=int, default=1, help="untimed runs per step first (graph capture, autotune)")
     r.add_argument("--mode", default="vllm", help="vllm (FULL/PIECEWISE/eager by vLLM's rule), eager, or graph")
     r.add_argument("--kv-pool-gb", type=float, default=24.0, help="cap on the paged KV pool")
@@ -245,13 +251,17 @@ def _replay(args: argparse.Namespace) -> int:
 
     if args.mode not in MODES:
         raise ConfigError(f"--mode must be one of {', '.join(MODES)}; got {args.mode!r}")
-    for name, v in (("--max-steps", args.max_steps), ("--reps", args.reps)):
+    for name, v in (("--max-steps", args.max_steps), ("--reps", args.reps), ("--passes", args.passes)):
         if v is not None and v < 1:
             raise ConfigError(f"{name} must be >= 1, got {v}")
     if args.warmup < 0:
         raise ConfigError(f"--warmup must be >= 0, got {args.warmup}")
     if not args.steps and not args.smoke:
         raise ConfigError("--steps RUN/steps.csv is required (or --smoke)")
+    step_kinds = [k.strip() for k in args.step_kinds.split(",") if k.strip()] or None
+    bad = [k for k in step_kinds or [] if k not in R.SUMMARY_KINDS[:-1]]
+    if bad:
+        raise ConfigError(f"--step-kinds: unknown {bad}; valid: {', '.join(R.SUMMARY_KINDS[:-1])}")
     if args.fit_host and not args.summarize:
         raise ConfigError("--fit-host needs --summarize DIR (it fits DIR/host_fit.json to DIR/replay_steps.csv)")
     if args.resume and not (args.resume / "replay_steps.csv").is_file():
@@ -272,11 +282,12 @@ def _replay(args: argparse.Namespace) -> int:
             from calibrate.host_fit import fit_host, prepare_steps, step_evaluator
             from sim.host_model import HOST_FIT
 
+            fit_rows = R.fastest_passes(rows)  # as the summary scores them
             try:
-                evaluate = step_evaluator(prepare_steps(rows, runs, args.gpu))
+                evaluate = step_evaluator(prepare_steps(fit_rows, runs, args.gpu))
             except ValueError as e:
                 raise ConfigError(f"--fit-host: {e}") from None
-            fit = fit_host(evaluate, rows, args.summarize / "replay_steps.csv")
+            fit = fit_host(evaluate, fit_rows, args.summarize / "replay_steps.csv")
             atomic_write_text(args.summarize / HOST_FIT, json.dumps(fit, indent=2) + "\n")
         R.reprice(rows, runs, args.gpu, print)
         R.write_outputs(args.summarize, rows)
@@ -300,7 +311,7 @@ def _replay(args: argparse.Namespace) -> int:
                         warmup=args.warmup, mode=args.mode, kv_pool_gb=args.kv_pool_gb, host=not args.no_host,
                         model_name=args.model, policy_name=args.policy, device=args.device, resume=args.resume,
                         host_only=args.host_only, host_policies=host_policies, pin_cpu=args.pin_cpu,
-                        commit=args.git_commit or provenance.git_commit(), log=functools.partial(print, flush=True))
+                        passes=args.passes, step_kinds=step_kinds, commit=args.git_commit or provenance.git_commit(), log=functools.partial(print, flush=True))
     except StepTraceError as e:
         raise ConfigError(str(e)) from None
 

@@ -51,7 +51,7 @@ from core.files import atomic_write_text
 SUMMARY_KINDS = ("uniform_decode", "mixed_graph", "mixed_eager", "prefill_only", "all")
 BASE_COLUMNS = ("run", "step", "kind", "mode", "tokens", "padded_tokens", "requests", "decodes", "prefills",
                 "context_tokens", "measured_us", "measured_sync_us", "measured_async_us", "measured_sync_min_us",
-                "measured_sync_max_us", "reps", "host_probe_us", "predicted_us",
+                "measured_sync_max_us", "reps", "pass", "host_probe_us", "predicted_us",
                 "old_predicted_us")
 HOST_PASSES = 4  # passes of the host tables (calibrate.host.lowest_pass)
 HOST_RESERVE_S = 25.0 * HOST_PASSES  # seconds of the time budget kept for the host-cost measurement
@@ -114,11 +114,51 @@ def per_kind(rows: Sequence[dict], measured: str, pred: str = "predicted_us") ->
     return {k: errors([r for r in rows if k == "all" or r["kind"] == k], pred, measured) for k in SUMMARY_KINDS}
 
 
+def fastest_passes(rows: Sequence[dict], measured: str | None = None) -> list[dict]:
+    """One row per step (run, step): the fastest of its passes by `measured` (a step measured once
+    is its own row), with `passes` (how many) and `pass_spread_pct` ((slowest - fastest) / fastest,
+    in %). The host tables keep each point's lowest pass, so a host-bound step is held against the
+    model at the same, fastest, host speed; rows without a step number stay apart."""
+    m = measured or MEASURED
+    by: dict[object, list[dict]] = {}
+    for r in rows:
+        key = (r["run"], int(r["step"])) if _num(r.get("step")) else id(r)
+        by.setdefault(key, []).append(r)
+    out = []
+    for same in by.values():
+        timed = [r for r in same if _num(r.get(m))]
+        if len(timed) < 2:
+            out += same
+            continue
+        lo, hi = min(r[m] for r in timed), max(r[m] for r in timed)
+        best = min(timed, key=lambda r: r[m])
+        out.append({**best, "passes": len(timed), "pass_spread_pct": 100 * (hi - lo) / lo if lo > 0 else math.nan})
+    return out
+
+
+def pass_spread(rows: Sequence[dict]) -> dict:
+    """Per kind, over the steps measured in more than one pass (rows of `fastest_passes`): how many,
+    and the median and p90 of their spread between passes in percent (the noise one pass has)."""
+    out = {}
+    for kind in SUMMARY_KINDS[:-1]:
+        d = [r["pass_spread_pct"] for r in rows if r["kind"] == kind and r.get("passes", 1) > 1
+             and _num(r.get("pass_spread_pct"))]
+        if d:
+            out[kind] = {"steps": len(d), "median_pct": round(statistics.median(d), 3),
+                         "p90_pct": round(_quantile(d, 0.9), 3)}
+    return out
+
+
 def summarize(rows: Sequence[dict], measured: str | None = None) -> dict:
     """replay_summary.json: errors per step kind (in %), sums, the same for the old pricing, per run,
-    all against the `measured` column (default MEASURED), which the JSON names."""
+    all against the `measured` column (default MEASURED), which the JSON names; a step measured in
+    several passes counts once, at its fastest (`fastest_passes`)."""
     m = measured or MEASURED
-    out: dict = {"compared_against": m, "compared_against_note": MEASURED_NOTE.get(m, "")}
+    rows = fastest_passes(rows, m)
+    note = MEASURED_NOTE.get(m, "")
+    if any(r.get("passes", 1) > 1 for r in rows):
+        note += "; a step measured in several passes: its fastest"
+    out: dict = {"compared_against": m, "compared_against_note": note}
     out.update(per_kind(rows, m))
     sums = _sum_error(rows, m)
     out["sum_measured_s"], out["sum_predicted_s"] = sums["sum_measured_s"], sums["sum_predicted_s"]
@@ -135,6 +175,7 @@ def summarize(rows: Sequence[dict], measured: str | None = None) -> dict:
     out["policies"] = {p: per_kind([r for r in rows if policy_of[r["run"]] == p], m)
                        for p in sorted(set(policy_of.values()))}
     out["repeatability"] = repeatability(rows, m)
+    out["pass_spread"] = pass_spread(rows)
     out["host_speed"] = host_speed(rows, m)
     out["units"] = ("median_ape, p90_ape, bias and sum_error_pct in percent; "
                     f"bias = mean of (predicted - {m}) / {m}")
@@ -265,6 +306,14 @@ def pick(kinds: Sequence[str], quota: int | None) -> list[int]:
         chosen = [by[k][i] for i in sample(len(by[k]), share)]
         keyed += [((r + 0.5) / len(chosen), chosen[i]) for r, i in enumerate(spread_order(len(chosen)))]
     return [i for _, i in sorted(keyed)]
+
+
+def chosen_steps(run: Run, quota: int | None, done: set[tuple[str, int]],
+                 step_kinds: Sequence[str] | None = None) -> list:
+    """The run's steps to replay, in replay order: those of `step_kinds` (every kind by default),
+    `pick`ed under `quota`, less those already measured (`done`: (run, step) of resumed rows)."""
+    steps = [s for s in run.steps if step_kinds is None or s.kind in step_kinds]
+    return [steps[i] for i in pick([s.kind for s in steps], quota) if (run.name, steps[i].step) not in done]
 
 
 def spread_order(n: int) -> list[int]:
@@ -495,14 +544,16 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
            policy_name: str = "store_all", device: str = "cuda", commit: str | None = None,
            shapes: object | None = None, kinds: list[str] | None = None, resume: Path | None = None,
            host_only: bool = False, host_policies: Sequence[str] | None = None, pin_cpu: int | None = None,
-           log: Callable[[str], None] = print) -> int:
+           passes: int = 1, step_kinds: Sequence[str] | None = None, log: Callable[[str], None] = print) -> int:
     """Replay every run (or --smoke's synthetic steps); returns the exit status. `shapes` and
     `kinds` (layer types in order) override the model's (tiny CPU tests). `resume`: a previous
     replay's <out>/<model> folder, whose rows are kept (those steps are not replayed again) and
     whose provenance parts are carried over. host_only: the host tables alone (host.csv and
     host_policies.csv: no check, no varlen table, no steps). host_policies: the policy configs
     host_policies.csv measures (default: every one of the executor's step shape). pin_cpu: the
-    replay's thread runs on that CPU alone (after CUDA's own threads have started elsewhere)."""
+    replay's thread runs on that CPU alone (after CUDA's own threads have started elsewhere).
+    passes: each picked step is measured this many times, in passes over all of an executor's
+    steps (`replay_group`); step_kinds: only steps of these kinds are picked."""
     import torch
 
     from calibrate import host as H
@@ -553,10 +604,10 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
             host_probes: dict[str, list[float]] = {}
             quota = None if max_steps is None else max(1, max_steps // len(runs))
             rows: list[dict] = read_replay_rows(resume / "replay_steps.csv") if resume else []
+            resumed = list(rows)
             done = {(r["run"], int(r["step"])) for r in rows}
             for run in runs:  # only the picked steps are sized for, priced and replayed, in replay order
-                run.steps = [] if host_only else [run.steps[i] for i in pick([s.kind for s in run.steps], quota)
-                                                  if (run.name, run.steps[i].step) not in done]
+                run.steps = [] if host_only else chosen_steps(run, quota, done, step_kinds)
             if resume:
                 log(f"resume: {len(rows)} steps kept from {resume}; {sum(len(r.steps) for r in runs)} still to replay")
             freeze_heap()
@@ -660,7 +711,7 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                     if hard_end is not None:  # never past the global budget, whatever the split says
                         end = hard_end if end is None else min(end, hard_end)
                     replay_group(ex, group, reps, warmup, end, gpu, rows, errors_, kernels, log,
-                                 on_progress=lambda: write_outputs(mdir, rows), probe=probe)
+                                 on_progress=lambda: write_outputs(mdir, rows), probe=probe, passes=passes)
                     if ex.graphs is not None:
                         log(f"[executor {gi + 1}] {len(ex.graphs)} graphs captured in {ex.graphs.capture_s:.1f} s")
                     del ex
@@ -681,8 +732,8 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
     write_side_tables(mdir, host_rows, varlen_rows, policy_rows)
     part = {**env, "git_commit": commit, "command": " ".join(sys.argv), "job": "host" if host_only else "replay",
             "mode": mode, "host_policies": sorted({r["policy"] for r in policy_rows}),
-            "smoke": smoke, "runs": [r.name for r in runs], "steps_replayed": len(rows) - len(done),
-            "steps_resumed": len(done), "reps": reps,
+            "smoke": smoke, "runs": [r.name for r in runs], "steps_replayed": len(rows) - len(resumed),
+            "steps_resumed": len(resumed), "reps": reps, "passes": passes, "step_kinds": list(step_kinds or []),
             "warmup": warmup, "kernels": kernels, "host_policy": host_policy, "errors": errors_,
             "host_probe_us": host_probes, "host_passes": len(host_passes),
             "pinned_cpu": pin_cpu, "torch_threads": TORCH_THREADS, "wall_s": round(time.perf_counter() - t0, 1)}
@@ -723,51 +774,57 @@ def take_turns(counts: dict[str, int], per_turn: int) -> list[tuple[str, int, in
 
 def replay_group(ex: object, group: Sequence[Run], reps: int, warmup: int, end: float | None, gpu: str,
                  rows: list[dict], errors_: list[str], kernels: dict, log: Callable[[str], None],
-                 on_progress: Callable[[], None], probe: Callable[[], float] | None = None) -> None:
+                 on_progress: Callable[[], None], probe: Callable[[], float] | None = None, passes: int = 1) -> None:
     """Time the steps of an executor's runs, the runs taking turns (`take_turns`), until `end`,
     appending a row per step to `rows`; `probe` (calibrate.host.HostProbe) is taken right before
-    each step, and the executor switches policy when the run's differs."""
+    each step, and the executor switches policy when the run's differs. With `passes` > 1 every
+    step is timed again in each later pass over them all (its rows numbered by `pass`), so a
+    budget cut leaves whole passes first."""
     todo = {run.name: run_steps(ex, run) for run in group}
     by_name = {run.name: run for run in group}
     old = {run.name: old_pricer(run, gpu, log) if todo[run.name] and not run.smoke else None for run in group}
     done = dict.fromkeys(todo, 0)
     tr = last_write = time.perf_counter()
+    turns = take_turns({n: len(v) for n, v in todo.items()}, INTERLEAVE_STEPS)
     try:
-        for name, first, stop in take_turns({n: len(v) for n, v in todo.items()}, INTERLEAVE_STEPS):
-            run = by_name[name]
-            if run.policy.name not in kernels or ex.policy != run.policy:
-                ex.use_policy(run.policy)
-                if run.policy.name not in kernels:
-                    kernels[run.policy.name] = ex.kernel_sources()
-                    log(f"[{run.name}] policy {run.policy.name}: kernels {kernels[run.policy.name]}")
-            for j in range(first, stop):
-                step, flush = todo[name][j]
-                check_deadline(end)
-                try:
-                    host_probe = probe() if probe is not None else math.nan
-                    ts, o = time_step(ex, step.requests, flush, reps, warmup, end)
-                    async_us = time_step_async(ex, step.requests, flush, async_steps(statistics.median(ts)), end)
-                except BudgetSpent:
-                    raise
-                except Exception as e:  # one bad step must not cost the run
-                    errors_.append(f"{name} step {step.step}: {type(e).__name__}: {e}")
-                    log(f"  step {step.step} FAILED: {traceback.format_exc()}")
+        for p in range(1, passes + 1):
+            done = dict.fromkeys(todo, 0)
+            for name, first, stop in turns:
+                run = by_name[name]
+                if run.policy.name not in kernels or ex.policy != run.policy:
+                    ex.use_policy(run.policy)
+                    if run.policy.name not in kernels:
+                        kernels[run.policy.name] = ex.kernel_sources()
+                        log(f"[{run.name}] policy {run.policy.name}: kernels {kernels[run.policy.name]}")
+                for j in range(first, stop):
+                    step, flush = todo[name][j]
+                    check_deadline(end)
+                    try:
+                        host_probe = probe() if probe is not None else math.nan
+                        ts, o = time_step(ex, step.requests, flush, reps, warmup, end)
+                        async_us = time_step_async(ex, step.requests, flush, async_steps(statistics.median(ts)), end)
+                    except BudgetSpent:
+                        raise
+                    except Exception as e:  # one bad step must not cost the run
+                        errors_.append(f"{name} step {step.step}: {type(e).__name__}: {e}")
+                        log(f"  step {step.step} FAILED: {traceback.format_exc()}")
+                        done[name] = j + 1
+                        continue
+                    rows.append({**_step_row(ex, run, step, o, ts, async_us, host_probe, old[name]), "pass": p})
                     done[name] = j + 1
-                    continue
-                rows.append(_step_row(ex, run, step, o, ts, async_us, host_probe, old[name]))
-                done[name] = j + 1
-                if j % 25 == 0 or j == len(todo[name]) - 1:
-                    log(f"  {name} {j + 1}/{len(todo[name])} step {step.step} {rows[-1]['kind']}/{o.mode} "
-                        f"{rows[-1]['tokens']} tok: {rows[-1]['measured_us']:.0f} us (pred {step.predicted_us:.0f}); "
-                        f"{len(ex.graphs) if ex.graphs else 0} graphs, {time.perf_counter() - tr:.0f} s")
-                if time.perf_counter() - last_write > PROGRESS_S:
-                    on_progress()  # a replay killed past its limit keeps what it measured
-                    last_write = time.perf_counter()
+                    if j % 25 == 0 or j == len(todo[name]) - 1:
+                        log(f"  {name} pass {p} {j + 1}/{len(todo[name])} step {step.step} {rows[-1]['kind']}/{o.mode} "
+                            f"{rows[-1]['tokens']} tok: {rows[-1]['measured_us']:.0f} us (pred {step.predicted_us:.0f}); "
+                            f"{len(ex.graphs) if ex.graphs else 0} graphs, {time.perf_counter() - tr:.0f} s")
+                    if time.perf_counter() - last_write > PROGRESS_S:
+                        on_progress()  # a replay killed past its limit keeps what it measured
+                        last_write = time.perf_counter()
     except BudgetSpent:
         for name, steps in todo.items():
             if done[name] < len(steps):
-                errors_.append(f"{name}: stopped after {done[name]} of {len(steps)} steps, time budget")
-        log(f"  time budget: stopping with {sum(done.values())} of {sum(map(len, todo.values()))} steps replayed")
+                errors_.append(f"{name}: pass {p} stopped after {done[name]} of {len(steps)} steps, time budget")
+        log(f"  time budget: stopping in pass {p} of {passes} with {sum(done.values())} of "
+            f"{sum(map(len, todo.values()))} steps replayed")
     on_progress()
 
 

@@ -210,6 +210,35 @@ def test_pick_shares_the_quota_among_kinds_and_interleaves_them():
     assert RP.pick(["d"] * 5, 3) and sorted(RP.pick(["d"] * 5, 3)) == [0, 2, 4]
 
 
+def test_chosen_steps_keep_the_kinds_asked_for_and_skip_resumed_ones():
+    kinds = ["prefill_only", "mixed_graph", "uniform_decode", "mixed_eager", "uniform_decode", "mixed_graph"]
+    run = RP.Run("r", {}, [TracedStep(i, 0.0, k, (), 1.0, {}) for i, k in enumerate(kinds)], None, None, None)
+    assert sorted(s.step for s in RP.chosen_steps(run, None, set())) == list(range(6))
+    mixed = RP.chosen_steps(run, None, {("r", 5), ("other", 1)}, ["mixed_graph", "mixed_eager"])
+    assert sorted(s.step for s in mixed) == [1, 3]
+    # the quota is shared among the kinds kept, not the run's
+    assert sorted(s.kind for s in RP.chosen_steps(run, 2, set(), ["mixed_graph", "mixed_eager"])) == \
+        ["mixed_eager", "mixed_graph"]
+
+
+def test_a_step_measured_in_several_passes_counts_once_at_its_fastest():
+    def row(step, us, p, kind="mixed_graph", probe=6.0):
+        return {**_row(kind, us, 100.0, run="store_all-g0.6-c32"), "step": step, "pass": p, "host_probe_us": probe}
+    rows = [row(1, 110.0, 1), row(1, 100.0, 2, probe=6.5), row(1, 125.0, 3), row(2, 200.0, 1),
+            row(3, 50.0, 1, "uniform_decode"), row(3, 50.5, 2, "uniform_decode")]
+    best = {r["step"]: r for r in RP.fastest_passes(rows)}
+    assert len(best) == 3 and best[1]["measured_us"] == 100.0 and best[1]["passes"] == 3
+    assert best[1]["host_probe_us"] == 6.5  # the fastest pass's own probe
+    assert best[1]["pass_spread_pct"] == pytest.approx(25.0) and "passes" not in best[2]
+    s = RP.summarize(rows)
+    assert s["mixed_graph"]["n"] == 2 and s["mixed_graph"]["bias"] == pytest.approx(-25.0)  # 0% and -50%
+    assert s["sum_measured_s"] == pytest.approx(350e-6) and s["runs"]["store_all-g0.6-c32"]["n"] == 3
+    assert s["pass_spread"] == {"mixed_graph": {"steps": 1, "median_pct": 25.0, "p90_pct": 25.0},
+                                "uniform_decode": {"steps": 1, "median_pct": 1.0, "p90_pct": 1.0}}
+    assert "fastest" in s["compared_against_note"]
+    assert "fastest" not in RP.summarize(rows[3:5])["compared_against_note"]
+
+
 def test_spread_order_covers_the_run_from_any_prefix():
     for n in (1, 2, 7, 100):
         order = RP.spread_order(n)
@@ -247,15 +276,16 @@ def test_tiny_replay_writes_steps_summary_and_provenance(tmp_path, monkeypatch):
     monkeypatch.setattr(host.HostProbe, "__call__", lambda self: threads.append(torch.get_num_threads()) or probe(self))
     before = torch.get_num_threads()
     rc = RP.replay(paths, "h200", tmp_path / "out", reps=1, warmup=0, device="cpu", shapes=TINY,
-                   kinds=["gdn", "attn"], log=lambda _: None)
+                   kinds=["gdn", "attn"], passes=2, log=lambda _: None)
     assert rc == 0
     # steps run with vLLM's one torch CPU thread; the caller's setting is back afterwards
     assert threads and set(threads) == {RP.TORCH_THREADS} and torch.get_num_threads() == before
     mdir = tmp_path / "out" / "qwen3.5-35b-a3b"
     rows = RP.read_replay_rows(mdir / "replay_steps.csv")
-    # the two runs of one executor take turns (INTERLEAVE_STEPS steps each)
-    assert [(r["run"], r["step"]) for r in rows] == [("c1", 0), ("c1b", 1), ("c1", 1)]
-    assert [r["kind"] for r in rows] == ["prefill_only", "uniform_decode", "uniform_decode"]
+    # the two runs of one executor take turns (INTERLEAVE_STEPS steps each), in each of the passes
+    assert [(r["run"], r["step"], r["pass"]) for r in rows] == [("c1", 0, 1), ("c1b", 1, 1), ("c1", 1, 1),
+                                                               ("c1", 0, 2), ("c1b", 1, 2), ("c1", 1, 2)]
+    assert [r["kind"] for r in rows[:3]] == ["prefill_only", "uniform_decode", "uniform_decode"]
     assert all(r["measured_us"] > 0 and r["mode"] == "eager" for r in rows)
     assert all(r["measured_us"] == r["measured_async_us"] for r in rows)  # the run simulated async scheduling
     assert all(r["host_probe_us"] > 0 for r in rows)
@@ -263,7 +293,7 @@ def test_tiny_replay_writes_steps_summary_and_provenance(tmp_path, monkeypatch):
     summary = json.loads((mdir / "replay_summary.json").read_text())
     assert set(RP.SUMMARY_KINDS) <= set(summary) and summary["runs"]["c1"]["n"] == 2 and summary["runs"]["c1b"]["n"] == 1
     part = json.loads((mdir / "provenance.json").read_text())["parts"][-1]
-    assert part["job"] == "replay" and part["steps_replayed"] == 3
+    assert part["job"] == "replay" and part["steps_replayed"] == 6 and part["passes"] == 2
     assert part["kernels"]["replay"]["verify"].endswith("replay")
     # --resume: the rows are kept, their steps not replayed again, the provenance parts carried over
     rc = RP.replay(paths, "h200", tmp_path / "again", reps=1, warmup=0, device="cpu", shapes=TINY,
@@ -271,7 +301,7 @@ def test_tiny_replay_writes_steps_summary_and_provenance(tmp_path, monkeypatch):
     again = tmp_path / "again" / "qwen3.5-35b-a3b"
     assert rc == 0 and RP.read_replay_rows(again / "replay_steps.csv") == rows
     parts = json.loads((again / "provenance.json").read_text())["parts"]
-    assert len(parts) == 2 and parts[0] == part and (parts[1]["steps_replayed"], parts[1]["steps_resumed"]) == (0, 3)
+    assert len(parts) == 2 and parts[0] == part and (parts[1]["steps_replayed"], parts[1]["steps_resumed"]) == (0, 6)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -283,6 +313,8 @@ def test_tiny_replay_writes_steps_summary_and_provenance(tmp_path, monkeypatch):
     (["--host-policies", "store_all,nope"], "nope"),
     (["--host-only", "--device", "cpu"], "--device must be a CUDA device"),
     (["--pin-cpu", "100000"], "--pin-cpu must be one of this process's CPUs"),
+    (["--passes", "0"], "--passes must be >= 1"),
+    (["--step-kinds", "mixed_graph,decode"], "--step-kinds: unknown ['decode']; valid: uniform_decode, mixed_graph"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
     extra = [] if args == [] or "--steps" in args else ["--smoke"]
