@@ -79,8 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     rep = args.out / "profile"
-    child = [sys.executable, "-m", "policies.kernels.profile_case", "--child", "--policy", args.policy, "--tree",
-             args.tree, "--B", str(args.B), "--state-dtype", args.state_dtype, "--tuning", args.tuning]
+    child = [sys.executable, "-m", "policies.kernels.profile_case", "--child", "--out", str(args.out), "--policy",
+             args.policy, "--tree", args.tree, "--B", str(args.B), "--state-dtype", args.state_dtype,
+             "--tuning", args.tuning]
     # Each step launches two matching kernels (verify, commit): skip the warm-up step's.
     cmd = [ncu, "--clock-control", "none", "--set", "full", "-k", f"regex:{args.kernels}", "--launch-skip", "2",
            "--launch-count", "2", "-f", "-o", str(rep)] + child
