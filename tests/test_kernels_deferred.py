@@ -115,7 +115,7 @@ def test_pending_memory_matches_policy_accounting(model, widths):
     assert policy.cache_bytes_per_seq_per_gpu() == m.gdn_layers * ds.pending_bytes_per_seq()
 
 
-@pytest.mark.parametrize("name", ["bf16x3", "default", "tf32x3", "pp-pending-loop", "rows4-bv16-w1"])
+@pytest.mark.parametrize("name", ["bf16x3", "default", "tf32x3", "pp-pending-loop", "rows4-bv16-w1", "loop-w8-r0"])
 def test_tunings_exact(name):
     """The bench's exactness check of a tuning, here in the interpreter: bf16x3 (q, k in bf16, the
     state split in three bf16 parts: exact to float32, where dropping the low part costs ~1e-5)
@@ -140,3 +140,12 @@ def test_bad_input_names_argument(bad, pattern):
         else:
             x2 = random_inputs([chain(5)], hk=2, hv=2, dk=16, dv=16, seed=61)
             RD.verify(**{**x2, "state": ds})
+
+
+def test_loop_tuning_is_checked_and_parsed():
+    from policies.kernels.treewy import Tuning
+    assert Tuning.parse("loop_bv=32,loop_warps=8,loop_maxnreg=0") == Tuning(loop_bv=32, loop_warps=8, loop_maxnreg=0)
+    with pytest.raises(ValueError, match="loop_bv must be a power of two"):
+        Tuning(loop_bv=48)
+    with pytest.raises(ValueError, match="loop_maxnreg must be 0"):
+        Tuning(loop_maxnreg=300)

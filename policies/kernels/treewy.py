@@ -81,6 +81,13 @@ class Tuning:
     # fastest (kernels_variants_run5.csv: 5,601 us summed over its eight cases; no cap 6,457, 96 6,740).
     verify_maxnreg: int = 128
     commit_maxnreg: int = 128
+    # The fused verify of trees it runs in 16-position blocks (more than 8 positions, or pack off):
+    # its own block, warps and register cap. ncu (session 15, results/calibration/h200/ncu/): at 128
+    # registers the block loop spills (local memory past L1: (3,3,3) at B = 128 wrote 438 MB to
+    # DRAM for 126 MB of u and o).
+    loop_bv: int = 64
+    loop_warps: int = 4
+    loop_maxnreg: int = 128
     # Defaults: the fastest tuning of H200 round 1 (results/calibration/h200/kernels_variants.csv).
     pack: bool = True
     prep: bool = True
@@ -91,14 +98,14 @@ class Tuning:
             raise ValueError(f"Tuning.verify must be one of {', '.join(VERIFY_KINDS)}, got {self.verify!r}")
         if self.commit not in COMMIT_KINDS:
             raise ValueError(f"Tuning.commit must be one of {', '.join(COMMIT_KINDS)}, got {self.commit!r}")
-        for name in ("verify_bv", "pending_bv", "commit_bv"):
+        for name in ("verify_bv", "pending_bv", "commit_bv", "loop_bv"):
             bv = getattr(self, name)
             if bv < 16 or bv & (bv - 1):
                 raise ValueError(f"Tuning.{name} must be a power of two >= 16, got {bv}")
         if self.prec not in PRECISIONS:
             raise ValueError(f"Tuning.prec must be one of {', '.join(PRECISIONS)} (plain tf32 loses float32 "
                              f"accuracy), got {self.prec!r}")
-        for name in ("verify_maxnreg", "commit_maxnreg"):
+        for name in ("verify_maxnreg", "commit_maxnreg", "loop_maxnreg"):
             r = getattr(self, name)
             if r and not 24 <= r <= 255:
                 raise ValueError(f"Tuning.{name} must be 0 (compiler's choice) or 24..255 registers, got {r}")
@@ -811,7 +818,14 @@ def state_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Te
     u = torch.empty(B, T, Hv, DV, dtype=torch.float32, device=v.device)
     kind = "fused" if pending is not None else verify_kernel(T, t)
     if kind == "fused":
-        BV = block_v(DV, t.pending_bv if pending is not None else t.verify_bv)
+        packed = t.pack and T <= BC // 2
+        if pending is not None:
+            bv, warps, nreg = t.pending_bv, t.verify_warps, t.verify_maxnreg
+        elif packed:
+            bv, warps, nreg = t.verify_bv, t.verify_warps, t.verify_maxnreg
+        else:
+            bv, warps, nreg = t.loop_bv, t.loop_warps, t.loop_maxnreg
+        BV = block_v(DV, bv)
         pd = pending or Pending(pu=u, pk=k, pg=gc, pn=lengths)  # placeholders: PENDING=False reads none
         par, g = prep or (lengths, gc)  # placeholders when PREP=False
         _fused_kernel[(B * Hv * (DV // BV),)](q, k, v, beta, state, mask, gc, lengths, o, u, pd.pu, pd.pk, pd.pg,
@@ -819,10 +833,9 @@ def state_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Te
                                               DK=DK, DV=DV, BV=BV, BT=mask.shape[-1], BC=BC,
                                               NSQ=(min(T, BC) - 1).bit_length(), PENDING=pending is not None,
                                               QK16=_bf16(q, k), PK16=_bf16(pd.pk), PREC=t.prec,
-                                              PDOT=t.pending == "dot", PACK=t.pack and T <= BC // 2,
+                                              PDOT=t.pending == "dot", PACK=packed,
                                               PREP=prep is not None, S16=state.dtype == torch.bfloat16,
-                                              num_warps=t.verify_warps,
-                                              num_stages=t.verify_stages, **t.launch(t.verify_maxnreg))
+                                              num_warps=warps, num_stages=t.verify_stages, **t.launch(nreg))
         return o, u
     BV = block_v(DV)
     if kind == "rows":

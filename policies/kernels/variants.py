@@ -37,6 +37,15 @@ VARIANTS: dict[str, Tuning] = {
     "pp-commit-loop-bv16-w2": Tuning(commit="loop", commit_bv=16, commit_warps=2),
     "rows4-bv16-w1": Tuning(rows_max=4, verify_bv=16, verify_warps=1),
     "rows4-bv16-w2": Tuning(rows_max=4, verify_bv=16, verify_warps=2),
+    # The block loop (trees of more than 8 positions) spills at 128 registers (ncu, session 15): no
+    # cap (2 programs per SM, none spilled), a cap at the 3 programs its shared memory allows, or
+    # smaller or wider programs.
+    "loop-r0": Tuning(loop_maxnreg=0),
+    "loop-r168": Tuning(loop_maxnreg=168),
+    "loop-bv32-r168": Tuning(loop_bv=32, loop_maxnreg=168),
+    "loop-bv32-r0": Tuning(loop_bv=32, loop_maxnreg=0),
+    "loop-w8-r0": Tuning(loop_warps=8, loop_maxnreg=0),
+    "loop-w8-r128": Tuning(loop_warps=8, loop_maxnreg=128),
 }
 # (tree name, parents, B) at 35B-A3B shapes: the targets.
 VARIANT_CASES = (("1,1,1", tuple(full((1, 1, 1))), 128), ("3,3,3", tuple(full((3, 3, 3))), 128),
