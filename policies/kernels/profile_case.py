@@ -8,12 +8,16 @@ Any policy (store_all, reconstruct, replay, reconstruct_deferred) and any bench 
 
 Runs itself under `ncu --clock-control none --set full` (so clocks are the ones the bench
 sees), capturing the named kernels of one verify + commit after a warm-up step, and writes
-DIR/profile.ncu-rep plus DIR/profile.txt (the details page: throughput, occupancy, stall
-reasons, shared-memory and register use per kernel). About 30-60 s per case.
+DIR/profile.ncu-rep, DIR/profile.txt (the details page: throughput, occupancy, stall
+reasons, shared-memory and register use per kernel), DIR/raw.csv (every metric) and
+DIR/summary.json (`summarize_raw`: what bounds each kernel, in a few numbers). About 20-60 s
+per case. `--from-raw` writes summary.json again from DIR/raw.csv alone (no GPU).
 """
 from __future__ import annotations
 
 import argparse
+import csv
+import json
 import os
 import shutil
 import subprocess
@@ -21,6 +25,73 @@ import sys
 from pathlib import Path
 
 POLICIES = ("store_all", "reconstruct", "replay", "reconstruct_deferred")
+STALLS_KEPT = 4  # the largest warp stall reasons per kernel in summary.json
+STALL = "smsp__average_warps_issue_stalled_"
+STALL_END = "_per_issue_active.ratio"
+# summary.json's metrics: name -> (ncu metric, unit it must be read in).
+METRICS = {
+    "duration_us": ("gpu__time_duration.sum", "us"),
+    "dram_read_mb": ("dram__bytes_read.sum", "Mbyte"),
+    "dram_write_mb": ("dram__bytes_write.sum", "Mbyte"),
+    "warp_instructions": ("smsp__inst_issued.sum", "inst"),
+    "issue_active_pct": ("smsp__issue_active.avg.pct_of_peak_sustained_active", "%"),
+    "registers": ("launch__registers_per_thread", "register/thread"),
+    "shared_kb": ("launch__shared_mem_per_block_dynamic", "Kbyte/block"),
+    "blocks_per_sm_by_registers": ("launch__occupancy_limit_registers", "block"),
+    "blocks_per_sm_by_shared": ("launch__occupancy_limit_shared_mem", "block"),
+    "occupancy_pct": ("sm__warps_active.avg.pct_of_peak_sustained_active", "%"),
+    "spill_instructions": ("sass__inst_executed_register_spilling", "inst"),
+    "local_store_sectors_missed": ("l1tex__t_sectors_pipe_lsu_mem_local_op_st_lookup_miss.sum", "sector"),
+    "sm_ghz": ("smsp__cycles_elapsed.avg.per_second", "Ghz"),
+}
+
+
+def summarize_raw(path: Path, state_values: int) -> list[dict]:
+    """Per profiled kernel of `ncu --page raw --csv` output (a header row, a units row, a row per
+    kernel): METRICS, the DRAM rate, the warp instructions per 32 state values (`state_values`:
+    B Hv dk dv of the case), the time the kernel would take at 100% issue (duration x issue-active)
+    and the STALLS_KEPT largest stall reasons (cycles per issued instruction)."""
+    with path.open(newline="") as fh:
+        rows = list(csv.reader(fh))
+    if len(rows) < 3:
+        raise ValueError(f"{path}: no kernel rows (ncu --page raw --csv output expected)")
+    head, units = rows[0], rows[1]
+    col = {h: i for i, h in enumerate(head)}
+
+    def num(row: list[str], metric: str, unit: str) -> float:
+        if metric not in col:
+            raise ValueError(f"{path}: metric {metric} missing")
+        if units[col[metric]] not in (unit, ""):
+            raise ValueError(f"{path}: {metric} in {units[col[metric]]!r}, expected {unit!r}")
+        return float(row[col[metric]].replace(",", ""))
+    out = []
+    for row in rows[2:]:
+        k = {"kernel": row[col["Kernel Name"]]}
+        k.update({name: num(row, m, u) for name, (m, u) in METRICS.items()})
+        dur = k["duration_us"]
+        k["dram_tbs"] = round((k["dram_read_mb"] + k["dram_write_mb"]) / dur, 3)  # MB per us
+        k["instructions_per_32_values"] = round(k["warp_instructions"] * 32 / state_values, 1)
+        k["us_at_full_issue"] = round(dur * k["issue_active_pct"] / 100, 1)
+        stalls = {h[len(STALL):-len(STALL_END)]: float(row[i]) for h, i in col.items()
+                  if h.startswith(STALL) and h.endswith(STALL_END) and row[i]}
+        k["stalls_cycles_per_instruction"] = dict(sorted(stalls.items(), key=lambda x: -x[1])[:STALLS_KEPT])
+        out.append(k)
+    return out
+
+
+def state_values(args: argparse.Namespace) -> int:
+    from policies.kernels import bench
+
+    _, hv = bench.MODELS["qwen3.5-35b-a3b"]
+    return args.B * hv * bench.D * bench.D
+
+
+def write_summary(args: argparse.Namespace) -> list[dict]:
+    kernels = summarize_raw(args.out / "raw.csv", state_values(args))
+    case = {"policy": args.policy, "tree": args.tree, "B": args.B, "state_dtype": args.state_dtype,
+            "tuning": args.tuning, "state_values": state_values(args)}
+    (args.out / "summary.json").write_text(json.dumps({"case": case, "kernels": kernels}, indent=1) + "\n")
+    return kernels
 
 
 def _run_case(args: argparse.Namespace) -> None:
@@ -61,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tuning", default="", help="treewy.Tuning fields, e.g. prec=bf16x3,verify_bv=64")
     ap.add_argument("--kernels", default="_fused_kernel|_commit_dot_kernel|_state_kernel|_gather_path_kernel",
                     help="regex of kernel names to profile")
+    ap.add_argument("--from-raw", action="store_true",
+                    help="no profile: write OUT/summary.json from OUT/raw.csv (a profile of this case)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     from policies.kernels.bench import TREES
@@ -72,6 +145,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--B must be >= 1, got {args.B}")
     if args.child:
         _run_case(args)
+        return 0
+    if args.from_raw:
+        try:
+            kernels = write_summary(args)
+        except (OSError, ValueError) as e:
+            print(f"profile_case: {e}", file=sys.stderr)
+            return 2
+        print(json.dumps(kernels, indent=1))
         return 0
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
     if not os.path.exists(ncu):
@@ -90,7 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     if rc == 0:
         txt = subprocess.run([ncu, "--import", f"{rep}.ncu-rep", "--page", "details"], capture_output=True, text=True)
         (args.out / "profile.txt").write_text(txt.stdout + txt.stderr)
+        raw = subprocess.run([ncu, "--import", f"{rep}.ncu-rep", "--page", "raw", "--csv"], capture_output=True,
+                             text=True)
+        (args.out / "raw.csv").write_text(raw.stdout)
         print(txt.stdout[-6000:], flush=True)
+        print(json.dumps(write_summary(args), indent=1), flush=True)
     return rc
 
 
