@@ -783,7 +783,6 @@ def replay_group(ex: object, group: Sequence[Run], reps: int, warmup: int, end: 
     todo = {run.name: run_steps(ex, run) for run in group}
     by_name = {run.name: run for run in group}
     old = {run.name: old_pricer(run, gpu, log) if todo[run.name] and not run.smoke else None for run in group}
-    done = dict.fromkeys(todo, 0)
     tr = last_write = time.perf_counter()
     turns = take_turns({n: len(v) for n, v in todo.items()}, INTERLEAVE_STEPS)
     try:

@@ -85,8 +85,8 @@ class Tuning:
     # its own block, warps and register cap. ncu (session 15, results/calibration/h200/ncu/session15):
     # at 128 registers the block loop spills past L1 ((3,3,3) at B = 128 wrote 438 MB to DRAM for
     # 126 MB of u and o), and its 61 KB of shared memory allow 3 programs per SM anyway, so 4
-    # programs' worth of registers bought nothing. Capped at 168 (3 programs of 4 warps): run 10's
-    # variants (kernels_variants_run10.csv, 35B-A3B) verify (3,3,3) at B = 128 875.8 -> 733.7 us,
+    # programs' worth of registers bought nothing. Capped at 168 (3 programs of 4 warps): run 11's
+    # variants (kernels_variants_run11.csv, 35B-A3B) verify (3,3,3) at B = 128 875.8 -> 733.7 us,
     # chains at B = 64: 64 positions 660.5 -> 545.7, 16 positions 142.4 -> 134.6; no cap (2
     # programs) 2% slower summed, 32 rows or 8 warps slower.
     loop_bv: int = 64
