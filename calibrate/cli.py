@@ -311,7 +311,8 @@ def _replay(args: argparse.Namespace) -> int:
                         warmup=args.warmup, mode=args.mode, kv_pool_gb=args.kv_pool_gb, host=not args.no_host,
                         model_name=args.model, policy_name=args.policy, device=args.device, resume=args.resume,
                         host_only=args.host_only, host_policies=host_policies, pin_cpu=args.pin_cpu,
-                        passes=args.passes, step_kinds=step_kinds, commit=args.git_commit or provenance.git_commit(), log=functools.partial(print, flush=True))
+                        passes=args.passes, step_kinds=step_kinds, commit=args.git_commit or provenance.git_commit(),
+                        log=functools.partial(print, flush=True))
     except StepTraceError as e:
         raise ConfigError(str(e)) from None
 

@@ -13,7 +13,9 @@ names it under `compared_against`). Which steps: `--max-steps` shares a quota pe
 among the step kinds it has (`pick`), so rare kinds (prefill-only, mixed) are not drowned by
 decode steps, and the replay order interleaves the kinds, each spread over the run; the runs
 of one executor take turns of INTERLEAVE_STEPS steps, so a drift of the host's speed falls on
-every run alike.
+every run alike. `--step-kinds` keeps only the kinds named; `--passes N` times every picked step
+N times, in passes over them all, and the summary holds each step's fastest pass against the
+model (`fastest_passes`) and reports the spread between passes (`pass_spread`).
 `--time-budget-s` is hard: checked before every timed run inside a step, outputs rewritten
 every few seconds, and SIGALRM shortly past it interrupts whatever runs (calibrate/REPLAY.md).
 Before timing, a correctness check runs a mixed and a uniform-decode batch eagerly,
@@ -812,8 +814,9 @@ def replay_group(ex: object, group: Sequence[Run], reps: int, warmup: int, end: 
                     rows.append({**_step_row(ex, run, step, o, ts, async_us, host_probe, old[name]), "pass": p})
                     done[name] = j + 1
                     if j % 25 == 0 or j == len(todo[name]) - 1:
-                        log(f"  {name} pass {p} {j + 1}/{len(todo[name])} step {step.step} {rows[-1]['kind']}/{o.mode} "
-                            f"{rows[-1]['tokens']} tok: {rows[-1]['measured_us']:.0f} us (pred {step.predicted_us:.0f}); "
+                        r = rows[-1]
+                        log(f"  {name} pass {p} {j + 1}/{len(todo[name])} step {step.step} {r['kind']}/{o.mode} "
+                            f"{r['tokens']} tok: {r['measured_us']:.0f} us (pred {step.predicted_us:.0f}); "
                             f"{len(ex.graphs) if ex.graphs else 0} graphs, {time.perf_counter() - tr:.0f} s")
                     if time.perf_counter() - last_write > PROGRESS_S:
                         on_progress()  # a replay killed past its limit keeps what it measured
