@@ -149,3 +149,30 @@ def test_loop_tuning_is_checked_and_parsed():
         Tuning(loop_bv=48)
     with pytest.raises(ValueError, match="loop_maxnreg must be 0"):
         Tuning(loop_maxnreg=300)
+
+
+@pytest.mark.parametrize("T, pending, expect", [
+    (4, False, (64, 4, 96)),      # packed: verify_*
+    (16, False, (32, 2, 168)),    # the block loop: loop_*
+    (40, False, (32, 2, 168)),
+    (16, True, (16, 4, 96)),      # a pending commit: pending_bv with verify_* launch
+])
+def test_each_verify_gets_its_own_launch_shape(T, pending, expect, monkeypatch):
+    from policies.kernels import treewy as W
+    seen = []
+
+    class Launch:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append((kw["BV"], kw["num_warps"], kw.get("maxnreg")))
+    monkeypatch.setattr(W, "_fused_kernel", Launch())
+    monkeypatch.setattr(W, "TUNING", W.Tuning(verify_bv=64, verify_warps=4, verify_maxnreg=96, pending_bv=16,
+                                              loop_bv=32, loop_warps=2, loop_maxnreg=168))
+    B, H, D = 2, 2, 128
+    q = torch.zeros(B, T, H, D, dtype=torch.bfloat16)
+    v = torch.zeros(B, T, H, D)
+    beta = torch.zeros(B, T, H)
+    lengths = torch.full((B,), T, dtype=torch.int32)
+    pend = W.Pending.empty(B, 4, H, D, H, D, torch.bfloat16, "cpu") if pending else None
+    W.state_pass(q, q, v, beta, torch.zeros(B, H, D, D), torch.zeros(B, 16, 16, dtype=torch.int8),
+                 torch.zeros(B, T, H), lengths, pending=pend)
+    assert seen == [expect]

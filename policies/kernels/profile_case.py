@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 POLICIES = ("store_all", "reconstruct", "replay", "reconstruct_deferred")
+MODEL = "qwen3.5-35b-a3b"  # the heads of every profiled case
 STALLS_KEPT = 4  # the largest warp stall reasons per kernel in summary.json
 STALL = "smsp__average_warps_issue_stalled_"
 STALL_END = "_per_issue_active.ratio"
@@ -82,14 +83,15 @@ def summarize_raw(path: Path, state_values: int) -> list[dict]:
 def state_values(args: argparse.Namespace) -> int:
     from policies.kernels import bench
 
-    _, hv = bench.MODELS["qwen3.5-35b-a3b"]
+    _, hv = bench.MODELS[MODEL]
     return args.B * hv * bench.D * bench.D
 
 
 def write_summary(args: argparse.Namespace) -> list[dict]:
-    kernels = summarize_raw(args.out / "raw.csv", state_values(args))
-    case = {"policy": args.policy, "tree": args.tree, "B": args.B, "state_dtype": args.state_dtype,
-            "tuning": args.tuning, "state_values": state_values(args)}
+    n = state_values(args)
+    kernels = summarize_raw(args.out / "raw.csv", n)
+    case = {"model": MODEL, "policy": args.policy, "tree": args.tree, "B": args.B, "state_dtype": args.state_dtype,
+            "tuning": args.tuning, "state_values": n}
     (args.out / "summary.json").write_text(json.dumps({"case": case, "kernels": kernels}, indent=1) + "\n")
     return kernels
 
@@ -104,10 +106,10 @@ def _run_case(args: argparse.Namespace) -> None:
 
     if args.tuning:
         treewy.TUNING = treewy.Tuning.parse(args.tuning)
-    hk, hv = bench.MODELS["qwen3.5-35b-a3b"]
+    hk, hv = bench.MODELS[MODEL]
     parents = tuple(chain(int(args.tree[len("chain"):]))) if args.tree.startswith("chain") else tuple(
         full(bench.TREES[args.tree]))
-    c = bench.Case("qwen3.5-35b-a3b", hk, hv, args.B, args.tree, parents, args.state_dtype)
+    c = bench.Case(MODEL, hk, hv, args.B, args.tree, parents, args.state_dtype)
     x = bench.make_copy(c, 0)
     if args.policy == "replay":  # a cache flushed every commit: verify and commit see the tree alone
         x["state"] = replay.ReplayState.start(x["state"], flush_interval=1, max_path=c.depth + 1, hk=hk)
