@@ -51,6 +51,12 @@ class AttentionConfig(_Strict):
     num_kv_heads: int = Field(gt=0)
     head_dim: int = Field(gt=0)
     gated: bool = True
+    # HF partial_rotary_factor: RoPE turns this fraction of each head's channels (Qwen3.5 / Qwen3-Next: 64 of 256)
+    partial_rotary_factor: float = Field(0.25, gt=0, le=1)
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
 
 
 class MoEConfig(_Strict):
@@ -58,6 +64,18 @@ class MoEConfig(_Strict):
     top_k: int = Field(gt=0)
     shared_experts: int = Field(1, ge=0)
     expert_width: int = Field(gt=0)  # intermediate size of one expert
+    # HF shared_expert_intermediate_size / shared_experts when it differs from expert_width
+    shared_expert_width: int | None = Field(None, gt=0)
+
+    @property
+    def shared_width(self) -> int:
+        """Intermediate width of all shared experts together."""
+        return self.shared_experts * (self.shared_expert_width or self.expert_width)
+
+
+class MLPConfig(_Strict):
+    """A dense SwiGLU MLP after every layer (gate and up projections, then down), where MoE models have experts."""
+    intermediate_size: int = Field(gt=0)
 
 
 class ModelConfig(_Strict):
@@ -68,8 +86,11 @@ class ModelConfig(_Strict):
     num_layers: int = Field(gt=0)
     gdn: GDNConfig
     attention: AttentionConfig
-    moe: MoEConfig
+    # The feed-forward block after every layer: exactly one of the two.
+    moe: MoEConfig | None = None
+    mlp: MLPConfig | None = None
     vocab_size: int = Field(gt=0)
+    tie_word_embeddings: bool = False  # HF tie_word_embeddings: the LM head is the embedding matrix
     total_params: float = Field(gt=0)  # parameters incl. embeddings, MTP layer
     active_params: float = Field(gt=0)
     tensor_parallel: int = Field(1, gt=0)
@@ -96,7 +117,14 @@ class ModelConfig(_Strict):
     def _pattern(self) -> "ModelConfig":
         if self.num_layers % len(self.layer_pattern):
             raise ValueError(f"num_layers ({self.num_layers}) is not a multiple of the layer_pattern length ({len(self.layer_pattern)})")
+        if (self.moe is None) == (self.mlp is None):
+            raise ValueError("give exactly one feed-forward block: moe (experts) or mlp (dense, intermediate_size)")
         return self
+
+    @property
+    def dense(self) -> bool:
+        """A dense MLP, not experts, after every layer."""
+        return self.mlp is not None
 
     # Derived quantities, model-wide (all TP ranks together) unless named _per_gpu.
     @property

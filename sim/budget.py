@@ -68,11 +68,12 @@ def analytic_forward_bytes(model: ModelConfig, max_tokens: int) -> int:
     """Peak of the dummy forward of max_tokens tokens, per GPU, from tensor sizes.
 
     Residual stream, norm output and projection outputs (about 8 hidden-sized bf16
-    buffers), and the MoE gate/up output and activation for the top-k routed tokens.
+    buffers), and the feed-forward gate/up output and activation: for the top-k routed
+    tokens of an MoE, for every token of a dense MLP.
     """
     hidden = max_tokens * model.hidden_size * 2 * 8
-    moe = max_tokens * model.moe.top_k * model.moe.expert_width * 2 * 2 * 2 // model.tensor_parallel
-    return hidden + moe
+    width = model.mlp.intermediate_size if model.mlp else model.moe.top_k * model.moe.expert_width
+    return hidden + max_tokens * width * 2 * 2 * 2 // model.tensor_parallel
 
 
 def estimated_sampler_bytes(model: ModelConfig, max_tokens: int, max_seqs: int) -> int:

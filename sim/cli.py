@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "figures": ("sim.figures", "draw the breakdown figures and report.md of a sweep"),
     "report": ("sim.readme", "print the README's numbers from the committed outputs in docs/"),
     "memory": ("sim.memory_cli", "per-sequence memory facts and the pool geometry"),
+    "model": ("sim.model_import", "write a model YAML from a Hugging Face config.json (`specsim model import`)"),
     "workload": ("workloads.cli", "workload statistics (`specsim workload stats NAME`)"),
     "calibrate": ("calibrate.cli", "measure layers on a GPU, merge tables, validate the latency model"),
     "bench": ("sim.bench", "simulator speed benchmark (steps per second)"),

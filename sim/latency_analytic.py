@@ -56,13 +56,20 @@ class AnalyticLatencyModel:
                     + g.num_v_heads * g.head_v_dim * h) / tp  # q, k, v, output gate z, a, b; out proj
         attn_proj = (h * (2 * a.num_q_heads * a.head_dim + 2 * a.num_kv_heads * a.head_dim)
                      + a.num_q_heads * a.head_dim * h) / tp  # gated q (query + gate), k, v; out proj
-        self.expert_params = 3 * h * moe.expert_width / tp  # gate, up, down
-        dense_moe = moe.shared_experts * self.expert_params + h * moe.num_experts / tp  # shared experts + router
-        self.gdn_proj, self.attn_proj, self.dense_moe = gdn_proj, attn_proj, dense_moe
+        if moe is not None:
+            self.expert_params = 3 * h * moe.expert_width / tp  # gate, up, down
+            self.shared_params = moe.shared_width / moe.expert_width * self.expert_params
+            self.dense_ffn = self.shared_params + h * moe.num_experts / tp  # every token's: shared experts + router
+            self.experts, self.top_k = moe.num_experts, moe.top_k
+        else:  # a dense MLP: no routed experts, every token through the whole MLP
+            self.expert_params, self.experts, self.top_k = 0.0, 1, 0
+            self.dense_ffn = self.shared_params = 3 * h * model.mlp.intermediate_size / tp
+        self.active_ffn_params = (self.top_k + self.shared_params / self.expert_params) * self.expert_params \
+            if moe is not None else self.shared_params  # what one token multiplies by
+        self.gdn_proj, self.attn_proj = gdn_proj, attn_proj
         self.lm_head = model.vocab_size * h / tp
         self.mtp_extra = 2 * h * h / tp  # MTP's fusion projection of [embedding, hidden]
         self.wb = wb
-        self.experts, self.top_k = moe.num_experts, moe.top_k
 
         self.state_bytes = g.num_v_heads // tp * g.head_v_dim * g.head_k_dim * model.state_dtype_bytes  # per layer, seq
         self.state_elems = g.num_v_heads // tp * g.head_v_dim * g.head_k_dim
@@ -93,8 +100,9 @@ class AnalyticLatencyModel:
         return e * (1.0 - (1.0 - self.top_k / e) ** tokens)
 
     def _moe_layer(self, tokens: float) -> tuple[float, float]:
-        params = self._distinct_experts(tokens) * self.expert_params + self.dense_moe
-        flops = 2 * tokens * ((self.top_k + self.model.moe.shared_experts) * self.expert_params)
+        """The feed-forward block (MoE or dense MLP) of one layer: (bytes, flops)."""
+        params = self._distinct_experts(tokens) * self.expert_params + self.dense_ffn
+        flops = 2 * tokens * self.active_ffn_params
         return params * self.wb + tokens * self.hidden_act_bytes * 2, flops
 
     def _attn_layer(self, tokens: float, seqs: int, prefill_tokens: int,

@@ -1,0 +1,302 @@
+"""`specsim model import CONFIG.json`: a model YAML from a Hugging Face config of a GDN hybrid.
+
+Reads the fields the simulator needs from the checkpoint's `config.json` (the text
+model's, under `text_config` for the Qwen3.5 vision-language releases), validates
+them against the model schema, writes `configs/models/<name>.yaml` atomically and
+prints every field it could not read with the value it used instead. The key names
+are those of Hugging Face transformers' configuration classes (Qwen3NextConfig,
+Qwen3_5TextConfig, Qwen3_5MoeTextConfig); docs/models.md lists each mapping.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from core.config import (CONFIG_DIR, DTYPE_BYTES, ConfigError, EngineConfig, ModelConfig, format_validation_error,
+                         load_hardware)
+from core.files import atomic_write_text
+
+# model_type of the config (or of its text_config) -> the family whose key names it uses.
+FAMILIES: dict[str, str] = {
+    "qwen3_next": "Qwen3-Next (MoE)",
+    "qwen3_5_moe": "Qwen3.5 MoE",
+    "qwen3_5_moe_text": "Qwen3.5 MoE",
+    "qwen3_5": "Qwen3.5 dense",
+    "qwen3_5_text": "Qwen3.5 dense",
+}
+LAYER_KINDS = {"linear_attention": "gdn", "full_attention": "attn"}
+TP_CHOICES = (1, 2, 4, 8)
+DEFAULT_MTP_DEPTH = 3  # the drafts per step the study serves (vLLM num_speculative_tokens); not a checkpoint fact
+SIZE = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)b(?:-a(\d+(?:\.\d+)?)b)?(?![a-z0-9])")
+
+
+@dataclass
+class Imported:
+    """The model fields and what was not in the config (field -> how its value was chosen)."""
+
+    data: dict[str, Any]
+    defaults: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def text_config(cfg: dict[str, Any], source: str) -> dict[str, Any]:
+    """The language model's config: `text_config` when the release nests it, else the whole file."""
+    model_type = cfg.get("model_type")
+    text = cfg.get("text_config")
+    inner = text.get("model_type") if isinstance(text, dict) else None
+    if model_type not in FAMILIES and inner not in FAMILIES:
+        supported = ", ".join(sorted(FAMILIES))
+        raise ConfigError(f"{source}: model_type {model_type!r} is not a supported GDN hybrid; supported: {supported}")
+    return text if isinstance(text, dict) else cfg
+
+
+def _get(text: dict[str, Any], source: str, *keys: str) -> Any:
+    for k in keys:
+        if k in text and text[k] is not None:
+            return text[k]
+    raise ConfigError(f"{source}: {' or '.join(keys)} missing; the model YAML needs it")
+
+
+def layer_pattern(text: dict[str, Any], source: str) -> tuple[list[str], int]:
+    """The shortest period of the layer types, and the layer count."""
+    n = int(_get(text, source, "num_hidden_layers"))
+    if isinstance(text.get("layer_types"), list):
+        kinds = []
+        for t in text["layer_types"]:
+            if t not in LAYER_KINDS:
+                raise ConfigError(f"{source}: layer_types holds {t!r}; supported: {', '.join(LAYER_KINDS)}")
+            kinds.append(LAYER_KINDS[t])
+        if len(kinds) != n:
+            raise ConfigError(f"{source}: layer_types lists {len(kinds)} layers but num_hidden_layers is {n}")
+    else:  # Qwen3-Next: every full_attention_interval-th layer is full attention (transformers' rule)
+        every = int(_get(text, source, "full_attention_interval"))
+        kinds = ["attn" if (i + 1) % every == 0 else "gdn" for i in range(n)]
+    for p in range(1, n + 1):
+        if n % p == 0 and kinds == kinds[:p] * (n // p):
+            return kinds[:p], n
+    raise AssertionError("unreachable: the whole list is a period")
+
+
+def _ffn(text: dict[str, Any], source: str, imp: Imported) -> None:
+    if text.get("num_experts"):
+        if text.get("mlp_only_layers"):
+            raise ConfigError(f"{source}: mlp_only_layers {text['mlp_only_layers']}: dense layers inside an MoE model "
+                              "are not modelled (every layer has the same feed-forward block)")
+        if int(text.get("decoder_sparse_step", 1)) != 1:
+            raise ConfigError(f"{source}: decoder_sparse_step {text['decoder_sparse_step']}: only an MoE block after "
+                              "every layer (1) is modelled")
+        width = int(_get(text, source, "moe_intermediate_size"))
+        moe: dict[str, Any] = {"num_experts": int(text["num_experts"]),
+                               "top_k": int(_get(text, source, "num_experts_per_tok")), "expert_width": width}
+        shared = int(text.get("shared_expert_intermediate_size") or 0)
+        if not shared:
+            moe["shared_experts"] = 0
+            imp.defaults["moe.shared_experts"] = "0 (no shared_expert_intermediate_size)"
+        elif shared % width == 0:
+            moe["shared_experts"] = shared // width
+        else:
+            moe.update(shared_experts=1, shared_expert_width=shared)
+        imp.data["moe"] = moe
+    else:
+        imp.data["mlp"] = {"intermediate_size": int(_get(text, source, "intermediate_size"))}
+
+
+def _rotary(text: dict[str, Any]) -> float | None:
+    """partial_rotary_factor: top level (Qwen3-Next, Qwen3.5) or inside rope_parameters (transformers 5)."""
+    rope = text.get("rope_parameters") if isinstance(text.get("rope_parameters"), dict) else {}
+    value = text.get("partial_rotary_factor", rope.get("partial_rotary_factor"))
+    return float(value) if value is not None else None
+
+
+def _dtype(text: dict[str, Any], cfg: dict[str, Any], imp: Imported) -> str:
+    dtype = text.get("dtype") or text.get("torch_dtype") or cfg.get("dtype") or cfg.get("torch_dtype")
+    if dtype is None:
+        imp.defaults["dtype"] = "bfloat16 (no dtype / torch_dtype)"
+        return "bfloat16"
+    return str(dtype)
+
+
+def param_counts(m: dict[str, Any]) -> tuple[float, float]:
+    """(total, active) parameters of the text model from its shapes: embeddings, LM head unless tied,
+    every layer's mixer, norms and feed-forward block, and the MTP drafter layers (a vision encoder is not counted)."""
+    h, g, a = m["hidden_size"], m["gdn"], m["attention"]
+    qk, v = g["num_k_heads"] * g["head_k_dim"], g["num_v_heads"] * g["head_v_dim"]
+    gdn = h * (2 * qk + 2 * v + 2 * g["num_v_heads"]) + v * h + (2 * qk + v) * g["conv_kernel"] + 3 * g["num_v_heads"]
+    attn = h * (2 * a["num_q_heads"] + 2 * a["num_kv_heads"]) * a["head_dim"] + a["num_q_heads"] * a["head_dim"] * h
+    if "moe" in m:
+        e = m["moe"]
+        expert = 3 * h * e["expert_width"]
+        shared = 3 * h * e["shared_experts"] * e.get("shared_expert_width", e["expert_width"]) + h
+        ffn, ffn_active = e["num_experts"] * expert + shared + h * e["num_experts"], e["top_k"] * expert + shared
+    else:
+        ffn = ffn_active = 3 * h * m["mlp"]["intermediate_size"]
+    pattern = m["layer_pattern"]
+    per_period = sum(gdn if k == "gdn" else attn for k in pattern) + len(pattern) * 2 * h
+    layers = m["num_layers"] // len(pattern)
+    mixers = layers * per_period
+    mtp = m["mtp_num_hidden_layers"] * (attn + 2 * h + 2 * h * h + 3 * h)  # attention layer, its norms, fc, fc norms
+    embed = m["vocab_size"] * h * (1 if m["tie_word_embeddings"] else 2)
+    blocks = m["num_layers"] + m["mtp_num_hidden_layers"]
+    return (float(embed + mixers + mtp + blocks * ffn + h),
+            float(embed + mixers + mtp + blocks * ffn_active + h))
+
+
+def _params(m: dict[str, Any], imp: Imported) -> None:
+    match = SIZE.search(m["name"])
+    total, active = param_counts(m)
+    if match:
+        m["total_params"] = float(match.group(1)) * 1e9
+        m["active_params"] = float(match.group(2)) * 1e9 if match.group(2) else m["total_params"]
+        imp.notes.append(f"total_params {m['total_params']:.4g}, active_params {m['active_params']:.4g}: the sizes the "
+                         f"name states (the model card's; the text model's shapes count {total:.4g} and {active:.4g})")
+    else:
+        m["total_params"], m["active_params"] = total, active
+        imp.defaults["total_params"] = f"{total:.4g} counted from the shapes (the name states no size; no vision encoder)"
+        imp.defaults["active_params"] = f"{active:.4g} counted from the shapes"
+
+
+def _tensor_parallel(m: dict[str, Any], hardware: str, imp: Imported) -> None:
+    """The smallest TP size that splits the heads evenly and at which vLLM would start on `hardware`
+    at gmu 0.9: the weights, profile-run peak and graphs leave a pool for one max_model_len request."""
+    from sim.budget import memory_budget
+
+    hw = load_hardware(hardware)
+    heads = (m["gdn"]["num_k_heads"], m["gdn"]["num_v_heads"], m["attention"]["num_q_heads"])
+    for tp in TP_CHOICES:
+        if any(n % tp for n in heads):
+            continue
+        model = ModelConfig.model_validate({**m, "tensor_parallel": tp})
+        try:
+            pool = memory_budget(model, hw, EngineConfig(gmu=0.9)).pool_bytes
+        except ConfigError:
+            continue
+        need = model.max_model_len * model.pool_attn_layers * model.attn_page_bytes_per_token_per_gpu
+        if pool >= need:
+            m["tensor_parallel"] = tp
+            imp.defaults["tensor_parallel"] = (f"{tp}: the smallest of {TP_CHOICES} at which the weights fit {hardware} "
+                                               "at gmu 0.9 with a pool for one max_model_len request")
+            return
+    raise ConfigError(f"{m['name']}: does not fit {hardware} at tensor parallel {TP_CHOICES[-1]}; "
+                      "give --tensor-parallel")
+
+
+def import_config(cfg: dict[str, Any], source: str, name: str, tensor_parallel: int | None = None,
+                  hardware: str = "h200") -> Imported:
+    text = text_config(cfg, source)
+    imp = Imported({})
+    pattern, layers = layer_pattern(text, source)
+    m = imp.data
+    m["name"] = name
+    m["hidden_size"] = int(_get(text, source, "hidden_size"))
+    m["layer_pattern"], m["num_layers"] = pattern, layers
+    m["gdn"] = {"num_k_heads": int(_get(text, source, "linear_num_key_heads")),
+                "num_v_heads": int(_get(text, source, "linear_num_value_heads")),
+                "head_k_dim": int(_get(text, source, "linear_key_head_dim")),
+                "head_v_dim": int(_get(text, source, "linear_value_head_dim")),
+                "conv_kernel": int(_get(text, source, "linear_conv_kernel_dim"))}
+    heads = int(_get(text, source, "num_attention_heads"))
+    head_dim = text.get("head_dim") or m["hidden_size"] // heads
+    if "head_dim" not in text:
+        imp.defaults["attention.head_dim"] = f"{head_dim} (hidden_size / num_attention_heads: no head_dim)"
+    m["attention"] = {"num_q_heads": heads, "num_kv_heads": int(_get(text, source, "num_key_value_heads")),
+                      "head_dim": int(head_dim), "gated": bool(text.get("attn_output_gate", True))}
+    if "attn_output_gate" not in text:
+        imp.defaults["attention.gated"] = "true (no attn_output_gate: Qwen3-Next's attention is always gated)"
+    rotary = _rotary(text)
+    if rotary is None:
+        imp.defaults["attention.partial_rotary_factor"] = "0.25 (no partial_rotary_factor)"
+        rotary = 0.25
+    m["attention"]["partial_rotary_factor"] = rotary
+    _ffn(text, source, imp)
+    m["vocab_size"] = int(_get(text, source, "vocab_size"))
+    m["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
+    mtp_layers = text.get("mtp_num_hidden_layers", text.get("num_nextn_predict_layers"))
+    if mtp_layers is None:
+        imp.defaults["mtp_num_hidden_layers"] = "1 (no mtp_num_hidden_layers: vLLM's MTP drafter runs one layer)"
+        mtp_layers = 1
+    m["mtp_num_hidden_layers"] = int(mtp_layers)
+    m["mtp_depth"] = DEFAULT_MTP_DEPTH if m["mtp_num_hidden_layers"] else 0
+    imp.defaults["mtp_depth"] = f"{m['mtp_depth']} (drafts per step are a serving choice: --num-speculative-tokens)"
+    m["max_model_len"] = int(_get(text, source, "max_position_embeddings"))
+    dtype = _dtype(text, cfg, imp)
+    if dtype not in ("bfloat16", "float16", "float32"):
+        raise ConfigError(f"{source}: dtype {dtype!r}; supported: bfloat16, float16, float32")
+    m["dtype"] = dtype
+    m["weight_dtype_bytes"] = DTYPE_BYTES[dtype]
+    ssm = text.get("mamba_ssm_dtype")
+    if ssm is None:
+        imp.defaults["mamba_ssm_dtype"] = f"{dtype} (no mamba_ssm_dtype: vLLM keeps the state in the model dtype)"
+    m["mamba_ssm_dtype"] = str(ssm or dtype)
+    quant = cfg.get("quantization_config") or text.get("quantization_config")
+    if quant:
+        imp.notes.append(f"quantization_config {json.dumps(quant, sort_keys=True)} read but not modelled: "
+                         f"weights are priced at {dtype}")
+    _params(m, imp)
+    if tensor_parallel is not None:
+        m["tensor_parallel"] = tensor_parallel
+    else:
+        _tensor_parallel(m, hardware, imp)
+    try:
+        ModelConfig.model_validate(m)
+    except Exception as e:  # pydantic's ValidationError: one line per field
+        raise ConfigError(format_validation_error(f"{source} imported as {name}", e, ModelConfig)) from None
+    return imp
+
+
+def default_name(cfg: dict[str, Any], path: Path) -> str:
+    """`_name_or_path`'s last part when the config has it, else the folder the file is in."""
+    named = cfg.get("_name_or_path")
+    return (str(named).rstrip("/").rsplit("/", 1)[-1] if named else path.resolve().parent.name).lower()
+
+
+def render(imp: Imported, source: str) -> str:
+    head = [f"# Imported from {source} by `specsim model import`.",
+            *(f"# {k}: {v}" for k, v in imp.defaults.items()),
+            *(f"# {n}" for n in imp.notes)]
+    return "\n".join(head) + "\n" + yaml.safe_dump(imp.data, sort_keys=False, default_flow_style=None)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    i = sub.add_parser("import", help="write a model YAML from a Hugging Face config.json")
+    i.add_argument("config", type=Path, help="the checkpoint's config.json")
+    i.add_argument("--name", default=None, help="model name (default: the config's _name_or_path, else its folder)")
+    i.add_argument("--tensor-parallel", type=int, default=None,
+                   help="TP size (default: the smallest that fits --hardware at gmu 0.9)")
+    i.add_argument("--hardware", default="h200", help="hardware config the default TP size is chosen for")
+    i.add_argument("--out", type=Path, default=None, help="output YAML (default: configs/models/NAME.yaml)")
+    i.add_argument("--force", action="store_true", help="overwrite an existing output file")
+
+
+def main(args: argparse.Namespace) -> int:
+    if not args.config.is_file():
+        raise ConfigError(f"config {args.config}: no such file")
+    try:
+        cfg = json.loads(args.config.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config {args.config}: not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"config {args.config}: expected a JSON object at the top level")
+    if args.tensor_parallel is not None and args.tensor_parallel < 1:
+        raise ConfigError(f"--tensor-parallel must be a positive integer, got {args.tensor_parallel}")
+    name = args.name or default_name(cfg, args.config)
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name):
+        raise ConfigError(f"--name {name!r}: use lower-case letters, digits, '.', '_' and '-'")
+    out = args.out or CONFIG_DIR / "models" / f"{name}.yaml"
+    if out.exists() and not args.force:
+        raise ConfigError(f"--out {out} exists; pass --force to overwrite it")
+    imp = import_config(cfg, str(args.config), name, args.tensor_parallel, args.hardware)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, render(imp, f"{args.config.resolve().parent.name}/{args.config.name}"))
+    print(f"wrote {out}")
+    for k, v in imp.defaults.items():
+        print(f"  not in the config: {k} = {v}")
+    for n in imp.notes:
+        print(f"  note: {n}")
+    return 0
