@@ -6,6 +6,8 @@ import json
 import pytest
 
 from policies.kernels import bench
+from policies.kernels.bench_cases import Case, cases, policy_bytes
+from policies.kernels.inputs import chain, full
 
 COLS = ["model", "policy", "B", "T", "tree", "depth", "replayed_tokens", "flush", "mode", "verify_us", "commit_us"]
 
@@ -49,9 +51,9 @@ VCOLS = ["variant", "tuning", "check", "policy", "model", "B", "T", "tree", "ver
 
 
 def vrow(variant, policy, B, T, tree, us):
-    c = bench.Case("qwen3.5-35b-a3b", 16, 32, B, tree, tuple(bench.chain(T)) if tree == "chain"
-                   else tuple(bench.full(tuple(int(w) for w in tree.split(",")))))
-    vb, cb = bench.policy_bytes(c, policy, 0, True)
+    c = Case("qwen3.5-35b-a3b", 16, 32, B, tree, tuple(chain(T)) if tree == "chain"
+                   else tuple(full(tuple(int(w) for w in tree.split(",")))))
+    vb, cb = policy_bytes(c, policy, 0, True)
     return {"variant": variant, "tuning": f"t-{variant}", "check": 1e-4, "policy": policy, "model": c.model, "B": B,
             "T": T, "tree": tree, "verify_us": us, "commit_us": 2.0, "total_us": us + 2.0, "bytes": vb + cb,
             "pct_of_copy_bw": 40.0, "state_dtype": "float32"}
@@ -95,10 +97,10 @@ def test_merge_variants_converts_one_tuning_and_keeps_protected_runs(tmp_path):
 
 
 def test_models_filter_the_main_table(capsys):
-    only = bench.cases(False, ("float32", "bfloat16"), (128, 64), ("qwen3.5-35b-a3b",))
+    only = cases(False, ("float32", "bfloat16"), (128, 64), ("qwen3.5-35b-a3b",))
     assert {c.model for c in only} == {"qwen3.5-35b-a3b"} and {c.B for c in only} == {128, 64}
-    assert len(bench.cases(False, ("float32",), (128,))) == 2 * len(bench.cases(False, ("float32",), (128,),
-                                                                                 ("qwen3.5-397b-a17b",)))
+    assert len(cases(False, ("float32",), (128,))) == 2 * len(cases(False, ("float32",), (128,),
+                                                              ("qwen3.5-397b-a17b",)))
     with pytest.raises(SystemExit) as exc:
         bench.main(["--out", "unused", "--models", "qwen3.5-35b-a3b,nope"])
     assert exc.value.code == 2 and "--models takes" in capsys.readouterr().err

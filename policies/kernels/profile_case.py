@@ -4,7 +4,7 @@
         [--B 128] [--state-dtype float32] [--tuning prec=bf16x3] [--kernels _fused_kernel|_commit_dot_kernel]
 
 Any policy (store_all, reconstruct, replay, reconstruct_deferred) and any bench tree
-(policies.kernels.bench.TREES) or chainN; the inputs are the bench's (make_copy, 35B-A3B heads).
+(policies.kernels.bench_cases.TREES) or chainN; the inputs are the bench's (make_copy, 35B-A3B heads).
 
 Runs itself under `ncu --clock-control none --set full` (so clocks are the ones the bench
 sees), capturing the named kernels of one verify + commit after a warm-up step, and writes
@@ -81,10 +81,10 @@ def summarize_raw(path: Path, state_values: int) -> list[dict]:
 
 
 def state_values(args: argparse.Namespace) -> int:
-    from policies.kernels import bench
+    from policies.kernels.bench_cases import D, MODELS
 
-    _, hv = bench.MODELS[MODEL]
-    return args.B * hv * bench.D * bench.D
+    _, hv = MODELS[MODEL]
+    return args.B * hv * D * D
 
 
 def write_summary(args: argparse.Namespace) -> list[dict]:
@@ -101,25 +101,28 @@ def _run_case(args: argparse.Namespace) -> None:
 
     import torch
 
-    from policies.kernels import bench, replay, reconstruct_deferred, treewy
+    from policies.kernels import replay, reconstruct_deferred, treewy
+    from policies.kernels.bench_cases import DEVICE, MODELS, TREES, Case
+    from policies.kernels.bench_policy import make_copy
+    from policies.kernels.bench_timing import sync
     from policies.kernels.inputs import chain, full
 
     if args.tuning:
         treewy.TUNING = treewy.Tuning.parse(args.tuning)
-    hk, hv = bench.MODELS[MODEL]
+    hk, hv = MODELS[MODEL]
     parents = tuple(chain(int(args.tree[len("chain"):]))) if args.tree.startswith("chain") else tuple(
-        full(bench.TREES[args.tree]))
-    c = bench.Case(MODEL, hk, hv, args.B, args.tree, parents, args.state_dtype)
-    x = bench.make_copy(c, 0)
+        full(TREES[args.tree]))
+    c = Case(MODEL, hk, hv, args.B, args.tree, parents, args.state_dtype)
+    x = make_copy(c, 0)
     if args.policy == "replay":  # a cache flushed every commit: verify and commit see the tree alone
         x["state"] = replay.ReplayState.start(x["state"], flush_interval=1, max_path=c.depth + 1, hk=hk)
     elif args.policy == "reconstruct_deferred":
         x["state"] = reconstruct_deferred.DeferredState.start(x["state"], max_path=c.depth + 1, hk=hk)
     mod = importlib.import_module(f"policies.kernels.{args.policy}")
-    acc = torch.full((c.B,), c.T - 1, dtype=torch.int32, device=bench.DEVICE)
+    acc = torch.full((c.B,), c.T - 1, dtype=torch.int32, device=DEVICE)
     for _ in range(2):  # ncu skips the first step; reconstruct_deferred's second applies a full pending path
         mod.commit(mod.verify(**x, check=False)[1], acc, check=False)
-    bench._sync()
+    sync()
     print(f"ran {args.policy} B={c.B} T={c.T} tree {args.tree} {args.state_dtype}: 2 verify + commit steps")
 
 
@@ -127,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m policies.kernels.profile_case", description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--policy", default="reconstruct", choices=POLICIES)
-    ap.add_argument("--tree", default="1,1,1", help="a policies.kernels.bench TREES key (1,1,1, 3,3,3, ...) "
+    ap.add_argument("--tree", default="1,1,1", help="a policies.kernels.bench_cases TREES key (1,1,1, 3,3,3, ...) "
                                                    "or chainN (N positions)")
     ap.add_argument("--B", type=int, default=128)
     ap.add_argument("--state-dtype", default="float32", choices=["float32", "bfloat16"])
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="no profile: write OUT/summary.json from OUT/raw.csv (a profile of this case)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    from policies.kernels.bench import TREES
+    from policies.kernels.bench_cases import TREES
 
     if args.tree not in TREES and not (args.tree.startswith("chain") and args.tree[5:].isdigit()
                                        and int(args.tree[5:]) >= 1):

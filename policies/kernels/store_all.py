@@ -19,7 +19,8 @@ import triton
 import triton.language as tl
 
 from policies.kernels.checks import check_accepted, check_inputs
-from policies.kernels.treewy import block_v, check_dims, lengths_or_full, state_block
+from policies.kernels.tile_math import state_block
+from policies.kernels.treewy import block_v, check_dims, lengths_or_full
 
 
 @triton.jit
