@@ -1,6 +1,6 @@
 """Whole-step check and memory: one layer of each kind stacked to the model's layer counts.
 
-A step is what DESIGN.md section 5 says: the MTP drafter (one pass over all target
+A step is what vLLM runs (docs/vllm.md#gdn-kernel-calls): the MTP drafter (one pass over all target
 tokens, then K - 1 one-token passes, each with its LM head), the target forward over
 B x P verify tokens (GDN layers run the policy's verify + commit kernels when
 policies.kernels is importable), and the target LM head. Its time, measured as one

@@ -1,6 +1,6 @@
 """The `gdn_prefill_varlen` table: GPU time of one GDN layer's prefill of one step, over tokens x seqs.
 
-vLLM makes ONE varlen call per layer for all prefill sequences of a step (VLLM_FACTS.md
+vLLM makes ONE varlen call per layer for all prefill sequences of a step (docs/vllm.md#gdn-kernel-calls
 section 2); its cost depends on the token total and on how many sequences share it
 (per-sequence chunk padding, state gather and scatter). Each point runs the executor's
 own prefill core (state gather, fla's varlen causal conv and chunked gated delta rule,

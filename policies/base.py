@@ -13,7 +13,7 @@ class CommitPolicy:
     """How a GDN state-commit policy spends memory and which kernels it runs.
 
     Byte counts without a `_per_gpu` suffix are model-wide (all tensor-parallel
-    ranks together), matching DESIGN.md section 3's table.
+    ranks together), matching docs/design.md#the-commit-policies.
     """
 
     name: ClassVar[str]

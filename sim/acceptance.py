@@ -11,7 +11,7 @@ Common random numbers: every request owns a stream seeded by (seed, request_id) 
 each verify step consumes exactly D uniforms, whatever is accepted, so the k-th verify
 step of a request sees the same uniforms under every policy, tree and load.
 
-The built-in default (`default_rank_rows`) reproduces DESIGN.md's reference accepted
+The built-in default (`default_rank_rows`) reproduces docs/design.md#draft-trees' reference accepted
 lengths (bonus token included): 3.24 for (1,1,1) and 3.58 for (3,3,3). Two numbers
 pin two parameters, so we assume depth-independent conditional probabilities:
   - rank 0 with probability a at every depth: 1 + a + a^2 + a^3 = 3.24 gives
@@ -29,7 +29,7 @@ import numpy as np
 
 from core.config import ConfigError
 
-REFERENCE_ACCEPTED_LEN = {(1, 1, 1): 3.24, (3, 3, 3): 3.58}  # DESIGN.md section 3, bonus token included
+REFERENCE_ACCEPTED_LEN = {(1, 1, 1): 3.24, (3, 3, 3): 3.58}  # docs/design.md#draft-trees, bonus token included
 RANK_COLUMNS = 16  # candidate ranks listed per row of the default distribution
 UNIFORM_BLOCK = 64  # verify steps of uniforms drawn per refill (amortises numpy call overhead)
 
@@ -47,7 +47,7 @@ def _solve_geometric_sum(target: float, depth: int) -> float:
 
 
 def default_rank_rows(depth: int = 3) -> list[list[float]]:
-    """Depth-independent rank distribution fitted to DESIGN.md's 3.24 / 3.58 (see module doc)."""
+    """Depth-independent rank distribution fitted to docs/design.md#draft-trees' 3.24 / 3.58 (see module doc)."""
     a = _solve_geometric_sum(REFERENCE_ACCEPTED_LEN[(1, 1, 1)] - 1, 3)
     b = _solve_geometric_sum(REFERENCE_ACCEPTED_LEN[(3, 3, 3)] - 1, 3)
     q = 1 - np.sqrt(1 - (b - a) / (1 - a))

@@ -1,6 +1,6 @@
 """How much HBM the KV/state pool gets, and how vLLM's hybrid allocator cuts it into blocks.
 
-The rules are vLLM's (../shared/VLLM_FACTS.md sections 3-5; docs/memory.md has each
+The rules are vLLM's (docs/vllm.md#gdn-state to #memory-profiling-and-defaults; docs/memory.md has each
 number's source):
 - budget: device memory x gmu - weights - the profile run's peak - non-torch memory -
   CUDA-graph memory (or the available KV memory given outright, `--kv-cache-memory`);
@@ -26,7 +26,7 @@ from policies import CommitPolicy
 
 ATTN_BLOCK_ALIGN = 16  # tokens: the attention backends' kernel block alignment (MultipleOf(16))
 GROUP_SIZE_SLACK = 1.5  # vLLM groups by the largest layer count when it is under 1.5x the smallest
-# The profile run's sampler peak until profile_peak.json is measured: ../shared/ANCHORS.md's
+# The profile run's sampler peak until profile_peak.json is measured: docs/notes/2026-11-29-h200-reference-points.md's
 # emulation (fp32 logits, temperature, top-k/top-p by a full sort as vLLM's torch fallback
 # does, softmax, exponential race) peaked 8.5 GiB above the weights at 1,024 rows of the
 # 248,320-token vocabulary; its buffers are rows x vocab, so it scales with both (the
@@ -78,7 +78,7 @@ def analytic_forward_bytes(model: ModelConfig, max_tokens: int) -> int:
 
 def estimated_sampler_bytes(model: ModelConfig, max_tokens: int, max_seqs: int) -> int:
     """The sampler phase's peak: the forward's output hidden states, the gathered bf16 logits
-    (every TP rank holds the whole vocabulary), and the sampler's own buffers (ANCHORS)."""
+    (every TP rank holds the whole vocabulary), and the sampler's own buffers (docs/notes/2026-11-29-h200-reference-points.md)."""
     rows = min(max_seqs, max_tokens)  # one dummy request per row, at most one token each
     hidden = max_tokens * model.hidden_size * 2
     logits = rows * model.vocab_size * 2
@@ -135,7 +135,7 @@ def profile_peak(model: ModelConfig, hw: HardwareConfig, engine: EngineConfig) -
         fwd_src = "forward measured (memory.json)"
     else:
         fwd, fwd_src = analytic_forward_bytes(model, max_tokens), "forward analytic"
-    return fwd, sampler, max(fwd, sampler), f"estimate: {fwd_src}, sampler scaled from ANCHORS.md"
+    return fwd, sampler, max(fwd, sampler), f"estimate: {fwd_src}, sampler scaled from the H200 reference point"
 
 
 def memory_budget(model: ModelConfig, hw: HardwareConfig, engine: EngineConfig,

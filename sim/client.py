@@ -1,4 +1,4 @@
-"""The benchmark client (vLLM's serving benchmark, DESIGN.md section 5).
+"""The benchmark client (vLLM's serving benchmark, docs/vllm.md#serving-benchmark).
 
 Requests become ready at their arrival times (all at t = 0 for a closed loop, or from
 a Poisson/Gamma process or a trace). `max_concurrency` is a semaphore: a ready

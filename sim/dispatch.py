@@ -1,4 +1,4 @@
-"""vLLM's CUDA-graph dispatch of one step (VLLM_FACTS.md section 1): the one place for the rule.
+"""vLLM's CUDA-graph dispatch of one step (docs/vllm.md#execution-modes): the one place for the rule.
 
 The simulator and the GPU step executor both import it, so a traced step is replayed
 in the mode the simulator priced it in.

@@ -10,7 +10,7 @@ host has collected the sampled tokens (`step_finish`):
     step = max(h, gpu) + step_finish
 
 So an eager op's launch cost is hidden behind GPU work already queued and exposed only
-when the GPU runs dry (VLLM_FACTS.md section 1; ANCHORS.md: asynchronous execution took
+when the GPU runs dry (docs/vllm.md#execution-modes; docs/notes/2026-11-29-h200-reference-points.md: asynchronous execution took
 the sum of GPU times + 1-8%). Under async scheduling (vLLM's default with MTP) the host
 prepares step N+1 and processes step N's outputs while the GPU runs: `step_prepare` and
 `step_finish` leave the critical path, and the step takes
@@ -39,8 +39,8 @@ from core.tables import HOST_COLUMNS, HOST_OPS, HOST_POLICY_COLUMNS, HOST_POLICY
 
 # Host cost per op when host.csv does not measure it, microseconds. Assumed lower
 # bounds from the H200 anchors, not measurements of this op:
-#   - an eager kernel call costs 45-160 us of Python overhead (ANCHORS.md): 45;
-#   - fla's varlen chunk call costs 560-1,060 us of host time (ANCHORS.md): 560;
+#   - an eager kernel call costs 45-160 us of Python overhead (docs/notes/2026-11-29-h200-reference-points.md): 45;
+#   - fla's varlen chunk call costs 560-1,060 us of host time (docs/notes/2026-11-29-h200-reference-points.md): 560;
 #   - a CUDA-graph replay is one cudaGraphLaunch from Python: assumed 10 (20 for a full
 #     forward, whose replay also copies its static inputs);
 #   - step_prepare + step_finish share the per-step overhead (STEP_OVERHEAD_US, or the

@@ -26,10 +26,10 @@ from sim.latency import TERMS, LatencySources, StepBatch, StepTime
 # loop costs a few hundred microseconds of Python per step; replaced by the
 # calibrated overhead when a table exists or by engine.step_overhead_us.
 STEP_OVERHEAD_S = 400e-6
-# CPU cost of one eager kernel call, seconds: ANCHORS.md measured 45-160 us of Python
+# CPU cost of one eager kernel call, seconds: docs/notes/2026-11-29-h200-reference-points.md measured 45-160 us of Python
 # overhead per eager call; piecewise mode makes at least one such call per layer.
 EAGER_CALL_S = 45e-6
-# Fraction of copy bandwidth the GDN recurrent kernels reach: ANCHORS.md measured
+# Fraction of copy bandwidth the GDN recurrent kernels reach: docs/notes/2026-11-29-h200-reference-points.md measured
 # 46-53% for fla's fused recurrent kernel at B >= 32 (per-token work, not bytes, bounds it).
 GDN_KERNEL_EFFICIENCY = 0.5
 FP32_BYTES = 4  # pseudo-values, gates and logits are float32

@@ -7,11 +7,11 @@ from core.config import EngineConfig, GiB, HardwareConfig, ModelConfig
 from policies import CommitPolicy
 from sim.budget import BlockLayout, MemoryBudget, block_layout, memory_budget, vllm_log_lines
 
-CONTEXT_32K = 32768  # tokens: the context DESIGN.md's KV fact is stated at
+CONTEXT_32K = 32768  # tokens: the context docs/design.md's KV fact is stated at
 
 
 def memory_facts(model: ModelConfig, policy: CommitPolicy) -> dict[str, Any]:
-    """Model-wide byte counts (all TP ranks together), as DESIGN.md section 3 states them."""
+    """Model-wide byte counts (all TP ranks together), as docs/design.md#the-commit-policies states them."""
     return {
         "model": model.name,
         "policy": policy.name,

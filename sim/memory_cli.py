@@ -1,4 +1,4 @@
-"""`specsim memory`: DESIGN.md section 3's facts for a model, policy and tree, and the pool vLLM builds.
+"""`specsim memory`: docs/design.md#the-commit-policies' facts for a model, policy and tree, and the pool vLLM builds.
 
 With `--hardware` (budget from gmu) or `--kv-cache-memory-gib` (the available KV memory
 as a vLLM log states it) it also prints the lines vLLM logs at startup, in vLLM's format.

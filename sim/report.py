@@ -2,7 +2,7 @@
 
 points.csv has one row per point: the resolved config (dotted columns), the draft
 tree and its state blocks, every summary metric, `memory_bound` and the ratios
-against the `store_all` baseline at the same point. DESIGN.md section 6: a point is
+against the `store_all` baseline at the same point. docs/design.md#the-study-grid: a point is
 memory-bound when the baseline exhausts the pool there (peak KV usage reaches 100%,
 requests wait for memory or are preempted); every ratio is reported separately for
 memory-bound and slack points.

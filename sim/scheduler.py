@@ -1,4 +1,4 @@
-"""vLLM-v1-style scheduling of one engine step (DESIGN.md section 5, docs/engine.md).
+"""vLLM-v1-style scheduling of one engine step (docs/vllm.md#scheduling, docs/engine.md).
 
 Running requests first, in list order, then waiting ones FCFS, all under one token
 budget (`max_num_batched_tokens`): chunked prefill. A decoding request that holds a

@@ -71,7 +71,7 @@ class TracedRequest:
 class TracedStep:
     step: int
     time_s: float
-    kind: str  # one of STEP_KINDS, as the simulator dispatched it (vLLM rules, VLLM_FACTS.md section 1)
+    kind: str  # one of STEP_KINDS, as the simulator dispatched it (vLLM's rules, docs/vllm.md#execution-modes)
     requests: tuple[TracedRequest, ...]
     predicted_us: float
     terms_us: dict[str, float]  # the per-term prediction

@@ -68,7 +68,7 @@ def test_shapes_shard_like_vllm():
     assert (s.num_experts, s.expert_width, s.vocab) == (512, 128, 31040)
     s35 = LayerShapes.from_model(load_model("qwen3.5-35b-a3b"))
     assert s35.gdn_in_features == 2 * 16 * 128 + 2 * 32 * 128 + 2 * 32
-    assert s35.gdn_state_bytes * s35.gdn_layers == 30 << 20  # DESIGN.md: 30 MiB per sequence
+    assert s35.gdn_state_bytes * s35.gdn_layers == 30 << 20  # docs/design.md#the-commit-policies: 30 MiB per sequence
 
 
 def test_shapes_refuse_indivisible_heads():

@@ -1,4 +1,4 @@
-"""Acceptance model: DESIGN.md's reference accepted lengths, seeded per-request streams."""
+"""Acceptance model: docs/design.md#draft-trees' reference accepted lengths, seeded per-request streams."""
 import numpy as np
 import pytest
 

@@ -1,4 +1,4 @@
-"""The float64 references: DESIGN.md section 2's worked example, closed form == literal recurrence."""
+"""The float64 references: docs/design.md#the-recurrence's worked example, closed form == literal recurrence."""
 import math
 
 import pytest
@@ -76,7 +76,7 @@ def test_closed_form_random_trees(parents, seed):
 
 
 def test_closed_form_float32_accuracy():
-    """The float32 closed form stays near float32 rounding (DESIGN.md: about 1e-7)."""
+    """The float32 closed form stays near float32 rounding (docs/design.md#the-recurrence: about 1e-7)."""
     x = random_inputs([full((3, 3, 3))], hk=1, hv=2, dk=64, dv=64, seed=4, dtype=torch.float64)
     o_lit, _, o32, _ = literal_and_closed(x, dtype=torch.float32)
     assert rel_err(o32, o_lit) < 1e-5

@@ -1,6 +1,6 @@
-"""DESIGN.md section 3's memory facts, exactly, for both models, all policies, both trees.
+"""docs/design.md#the-commit-policies' memory facts, exactly, for both models, all policies, both trees.
 
-DESIGN.md states them for the study's 2-byte state; vLLM's default (fp32, the HF
+docs/design.md states them for the study's 2-byte state; vLLM's default (fp32, the HF
 config's mamba_ssm_dtype) doubles the state bytes."""
 import json
 
@@ -14,7 +14,7 @@ from sim.memory import memory_facts
 
 MiB, GiB = 1 << 20, 1 << 30
 MODELS = {"qwen3.5-35b-a3b": (30, 10, 30 * MiB, 0.625 * GiB), "qwen3.5-397b-a17b": (45, 15, 90 * MiB, 0.9375 * GiB)}
-STATE_BYTES = {"bfloat16": 1, "float32": 2}  # multiple of DESIGN.md's 2-byte state
+STATE_BYTES = {"bfloat16": 1, "float32": 2}  # multiple of docs/design.md's 2-byte state
 
 
 def facts(model, policy, widths, ssm_dtype="bfloat16"):

@@ -1,4 +1,4 @@
-"""vLLM's pool rules (VLLM_FACTS.md sections 3-5): grouping with padding layers, the block
+"""vLLM's pool rules (docs/vllm.md#one-pool-for-a-hybrid): grouping with padding layers, the block
 size and page padding, the MTP layer, fp32 vs bf16 pages, align mode, blocks per request,
 the null block, and the budget's profile-run peak."""
 import json
@@ -104,7 +104,7 @@ def test_served_model_takes_kv_dtype_and_max_model_len_from_the_engine():
 
 
 def test_sampler_estimate_reproduces_the_other_anchor():
-    # ANCHORS.md: 8.5 GiB at vocabulary 248,320 and 5.2 GiB at 151,936, both 1,024 rows.
+    # docs/notes/2026-11-29-h200-reference-points.md: 8.5 GiB at vocabulary 248,320 and 5.2 GiB at 151,936, both 1,024 rows.
     m = load_model("qwen3-next-80b-a3b")
     own = estimated_sampler_bytes(m, 8192, 1024) - 8192 * m.hidden_size * 2 - 1024 * m.vocab_size * 2
     assert own / GiB == pytest.approx(5.2, abs=0.05)

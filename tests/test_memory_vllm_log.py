@@ -1,4 +1,4 @@
-"""`specsim memory` prints vLLM's own startup lines; the one real log (VLLM_FACTS.md section 4) comes out exact."""
+"""`specsim memory` prints vLLM's own startup lines; the one real log (docs/memory.md) comes out exact."""
 import json
 
 import pytest

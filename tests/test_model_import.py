@@ -14,7 +14,7 @@ from sim.cli import main as cli
 from sim.memory import memory_facts, pool_facts
 from sim.model_import import import_config, layer_pattern, param_counts
 
-FIXTURES = Path(__file__).parent / "fixtures" / "hf_configs"
+FIXTURES = Path(__file__).parent / "data" / "hf_configs"
 # fixture folder -> the model YAML it must reproduce
 MODELS = {
     "Qwen3-Next-80B-A3B-Instruct": "qwen3-next-80b-a3b",

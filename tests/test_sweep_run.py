@@ -293,7 +293,7 @@ def test_real_simulator_small_sweep(tmp_path):
 def test_changed_workload_data_changes_the_keys(tmp_path):
     """Same config, same path, other file content: the points must not be reused."""
     trace = tmp_path / "burst.csv"
-    lines = (REPO / "tests" / "fixtures" / "burstgpt_sample.csv").read_text().splitlines()
+    lines = (REPO / "tests" / "data" / "burstgpt_sample.csv").read_text().splitlines()
     trace.write_text("\n".join(lines) + "\n")
     grid = tmp_path / "grid.yaml"
     grid.write_text(f"fixed: {{num_requests: 5, workload_overrides.path: {trace}, client.request_rate: 2}}\n"

@@ -1,5 +1,5 @@
-"""Spec-Bench, BurstGPT and Azure traces: real files from ../shared/data when present,
-the project's BurstGPT fixture in the published schema, and bad input."""
+"""Spec-Bench, BurstGPT and Azure traces: the loaders on files in the published schemas
+(tests/data/, generated with known contents) and on bad input."""
 from pathlib import Path
 
 import pandas as pd
@@ -8,16 +8,10 @@ import pytest
 from workloads import load_workload
 from workloads.base import WorkloadError
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # ../shared/data from the repo root
-FIXTURE = Path(__file__).parent / "fixtures" / "burstgpt_sample.csv"
-SPEC_BENCH = DATA / "spec_bench_question.jsonl"
-AZURE = {"azure-conv": DATA / "azure_llm_2023_conv.csv", "azure-code": DATA / "azure_llm_2023_code.csv"}
-
-
-def need(path: Path) -> Path:
-    if not path.is_file():
-        pytest.skip(f"reference data {path} absent (see ../shared/data/README.md)")
-    return path
+DATA = Path(__file__).parent / "data"
+FIXTURE = DATA / "burstgpt_sample.csv"
+SPEC_BENCH = DATA / "spec_bench_question_sample.jsonl"
+AZURE = {"azure-conv": DATA / "azure_llm_2023_conv_sample.csv", "azure-code": DATA / "azure_llm_2023_code_sample.csv"}
 
 
 @pytest.fixture(autouse=True)
@@ -27,23 +21,23 @@ def _no_env_paths(monkeypatch):
 
 
 # ------------------------------------------------------------------ Spec-Bench
-def test_spec_bench_real_file_all_480():
-    w = load_workload("spec-bench", 480, 0, {"path": str(need(SPEC_BENCH))})
+def test_spec_bench_whole_file():
+    w = load_workload("spec-bench", 56, 0, {"path": str(SPEC_BENCH)})
     cats = pd.Series([r.category for r in w.requests]).value_counts()
-    assert len(cats) == 13 and cats.sum() == 480
-    assert {cats[c] for c in ("translation", "summarization", "qa", "math_reasoning", "rag")} == {80}
+    assert len(cats) == 13 and cats.sum() == 56  # every question once (tests/data/generate.py)
+    assert {cats[c] for c in ("translation", "summarization", "qa", "math_reasoning", "rag")} == {8}
     assert all(r.output_tokens == 1024 for r in w.requests)
-    assert len({r.prompt_tokens for r in w.requests}) > 100  # real prompt lengths, not a constant
+    assert len({r.prompt_tokens for r in w.requests}) > 40  # each question's own length, not a constant
     assert w.acceptance == {}
 
 
 def test_spec_bench_env_var_budget_categories_and_oversampling(monkeypatch):
-    monkeypatch.setenv("SPEC_BENCH_PATH", str(need(SPEC_BENCH)))
+    monkeypatch.setenv("SPEC_BENCH_PATH", str(SPEC_BENCH))
     w = load_workload("spec-bench", 100, 7, {"output_budget": 256, "categories": ["qa", "rag"]})
     assert {r.category for r in w.requests} == {"qa", "rag"} and {r.output_tokens for r in w.requests} == {256}
-    big = load_workload("spec-bench", 500, 7, {"categories": ["writing"]})  # 10 questions -> 500
-    assert len(big.requests) == 500 and "oversampled from 10" in big.source
-    assert len({(r.prompt_tokens, r.category) for r in big.requests}) <= 10
+    big = load_workload("spec-bench", 500, 7, {"categories": ["writing"]})  # 2 questions -> 500
+    assert len(big.requests) == 500 and "oversampled from 2" in big.source
+    assert len({(r.prompt_tokens, r.category) for r in big.requests}) <= 2
     assert big.requests == load_workload("spec-bench", 500, 7, {"categories": ["writing"]}).requests
 
 
@@ -141,17 +135,18 @@ def test_burstgpt_bad_rows_and_columns(tmp_path):
 
 
 # ----------------------------------------------------------------------- Azure
-@pytest.mark.parametrize("name,rows", [("azure-conv", 19366), ("azure-code", 8819)])
-def test_azure_real_traces(name, rows):
-    path = need(AZURE[name])
+@pytest.mark.parametrize("name,rows", [("azure-conv", 300), ("azure-code", 200)])
+def test_azure_traces(name, rows):
+    path = AZURE[name]
     df = pd.read_csv(path)
     assert len(df) == rows
-    w = load_workload(name, 500, 0, {"path": str(path)})
+    n = rows - 50
+    w = load_workload(name, n, 0, {"path": str(path)})
     assert w.arrival == "trace"
     assert [(r.prompt_tokens, r.output_tokens) for r in w.requests] == list(
-        zip(df["num_prefill_tokens"][:500], df["num_decode_tokens"][:500]))
-    assert [r.arrival_s for r in w.requests] == pytest.approx(list(df["arrived_at"][:500] - df["arrived_at"][0]))
-    assert w.requests == load_workload(name, 500, 99, {"path": str(path)}).requests  # the seed plays no part
+        zip(df["num_prefill_tokens"][:n], df["num_decode_tokens"][:n]))
+    assert [r.arrival_s for r in w.requests] == pytest.approx(list(df["arrived_at"][:n] - df["arrived_at"][0]))
+    assert w.requests == load_workload(name, n, 99, {"path": str(path)}).requests  # the seed plays no part
     with pytest.raises(WorkloadError, match=f"holds {rows} usable requests"):
         load_workload(name, rows + 1, 0, {"path": str(path)})
 

@@ -1,4 +1,4 @@
-"""ShareGPT V3 sampled the way vLLM's serving benchmark samples it (DESIGN.md section 5).
+"""ShareGPT V3 sampled the way vLLM's serving benchmark samples it (docs/vllm.md#serving-benchmark).
 
 vLLM (`ShareGPTDataset`, and `sample_sharegpt_requests` before it): load the JSON,
 keep conversations with at least two turns, `random.seed(seed); random.shuffle(...)`,

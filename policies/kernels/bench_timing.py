@@ -29,7 +29,7 @@ def wall_us(calls: list[Callable[[], object]]) -> float:
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 20) -> float:
-    """Device-to-device copy, bytes read + written per second (eager torch copy_, see ANCHORS.md)."""
+    """Device-to-device copy, bytes read + written per second (eager torch copy_: a captured copy_ is slower, docs/notes/2026-11-29-h200-reference-points.md)."""
     if REHEARSAL:
         src = torch.randn(1 << 20)
         return 2 * src.numel() * 4 / (wall_us([lambda: src.clone()]) * 1e-6)

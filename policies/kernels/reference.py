@@ -1,4 +1,4 @@
-"""Plain-torch references for the GDN tree kernels (DESIGN.md section 2).
+"""Plain-torch references for the GDN tree kernels (docs/design.md#the-recurrence).
 
 `recurrence` is the literal gated delta rule run node by node, each node starting
 from its parent's state; it is the ground truth. `tree_solve` is the closed form
