@@ -12,7 +12,7 @@ reach the host:
               the conv + ONE varlen fla `chunk_gated_delta_rule` call for all prefill
               sequences, and the policy's conv verify + verify kernel for all decoding
               requests in one call each, then their commits with the step's accepted
-              lengths; MoE after every layer;
+              lengths; MoE (a dense model: an MLP) after every layer;
   sampling    LM head on the sampled rows (every verify position, each prefill's last
               token), greedy acceptance against the drafts on the GPU;
   drafter     the MTP layer's K passes (the first over all target tokens, then one token
@@ -212,10 +212,10 @@ class Weights:
     head: L.HeadWeights
     layers: list  # per layer: L.GDNWeights or L.AttnWeights
     conv: list  # per layer: the GDN conv weight as [channels, kernel] (the kernels' layout), or None
-    moe: list[L.MoEWeights]
+    ffn: list[L.FFNWeights]  # per layer: its MoE, or a dense model's MLP
     mtp: L.MTPWeights
     mtp_attn: L.AttnWeights
-    mtp_moe: L.MoEWeights
+    mtp_ffn: L.FFNWeights
 
     @classmethod
     def build(cls, s: LayerShapes, kinds: list[str], device: torch.device) -> "Weights":
@@ -230,8 +230,8 @@ class Weights:
                 layers.append(L.attn_weights(s, device))
                 conv.append(None)
         return cls(embed=L._w(s.vocab, s.hidden, device=device), head=L.head_weights(s, device), layers=layers,
-                   conv=conv, moe=[L.moe_weights(s, device) for _ in kinds], mtp=L.mtp_weights(s, device),
-                   mtp_attn=L.attn_weights(s, device), mtp_moe=L.moe_weights(s, device))
+                   conv=conv, ffn=[L.ffn_weights(s, device) for _ in kinds], mtp=L.mtp_weights(s, device),
+                   mtp_attn=L.attn_weights(s, device), mtp_ffn=L.ffn_weights(s, device))
 
 
 # ------------------------------------------------------------------ GDN kernels
@@ -416,7 +416,7 @@ class Executor:
             return f"{getattr(f, '__module__', '?')}.{getattr(f, '__name__', type(f).__name__)}" if f else "none"
         return {"paged_attention": name(self.paged_attention), "gdn_prefill": name(self.chunk_fn),
                 "gdn_prefill_conv": name(self.fla_conv), "verify": self.verify_mod.__name__,
-                "moe": name(L.moe_forward)}
+                "ffn": name(L.mlp_forward if self.s.dense else L.moe_forward)}
 
     def kv_pool_bytes(self) -> int:
         return sum(2 * t[0].numel() * t[0].element_size() for t in self.kv)
@@ -537,9 +537,9 @@ class Executor:
         self.gate[:n].copy_(gate)
 
     def _post(self, i: int, n: int, x: torch.Tensor) -> None:
-        """Layer i's half after its core, then its MoE."""
+        """Layer i's half after its core, then its feed-forward block."""
         self.post_core(i, n, x)
-        self.moe(i, n, x)
+        self.ffn(i, n, x)
 
     def post_core(self, i: int, n: int, x: torch.Tensor) -> None:
         """Layer i's output gate/norm and projection into the residual (i = -1: the MTP attention)."""
@@ -552,8 +552,9 @@ class Executor:
             w = self.w.layers[i] if i >= 0 else self.w.mtp_attn
             x[:n] += L.attn_out_proj(self.attn_o[:n], self.gate[:n], w, s)
 
-    def moe(self, i: int, n: int, x: torch.Tensor) -> None:
-        L.moe_forward(x[:n], self.w.moe[i] if i >= 0 else self.w.mtp_moe, self.s, out=x[:n])
+    def ffn(self, i: int, n: int, x: torch.Tensor) -> None:
+        """Layer i's MoE (a dense model's MLP) into the residual; i = -1: the MTP layer's."""
+        L.ffn_forward(x[:n], self.w.ffn[i] if i >= 0 else self.w.mtp_ffn, self.s, out=x[:n])
 
     def target_piece(self, j: int, n: int) -> None:
         """Piece j of the target forward: the embedding (j = 0) or layer j-1's post-core half

@@ -35,11 +35,17 @@ ACTIVATION_TOKENS = (2048, 4096, 8192, 16384)  # max_num_batched_tokens values t
 
 # --part N: each part fits one device call of a few minutes per model.
 PARTS: dict[int, tuple[str, ...]] = {
-    1: ("gdn", "attn_proj", "moe", "lm_head", "mtp_fc"),
+    1: ("gdn", "attn_proj", "moe", "mlp", "lm_head", "mtp_fc"),
     2: ("attn_decode", "attn_prefill"),
     3: ("memory", "step_check", "gdn_prefill", "gdn_decode_conv"),
 }
 ALL_JOBS: tuple[str, ...] = tuple(j for part in PARTS.values() for j in part)
+FFN_JOBS = {False: "moe", True: "mlp"}  # the feed-forward table of an MoE model / a dense one
+
+
+def model_jobs(jobs: tuple[str, ...], dense: bool) -> tuple[str, ...]:
+    """The jobs that apply to a model: a dense model has no MoE table, an MoE model no MLP table."""
+    return tuple(j for j in jobs if j != FFN_JOBS[not dense])
 
 
 @dataclass(frozen=True)

@@ -244,7 +244,7 @@ def measure_host(ex: object, log: Callable[[str], None] = print, quick: bool = F
             record("eager_dense_gdn", n, lambda: (ex.pre(gdn, n, x), ex.post_core(gdn, n, x)))
         if attn is not None:
             record("eager_dense_attn", n, lambda: (ex.pre(attn, n, x), ex.post_core(attn, n, x)))
-        record("eager_moe", n, lambda: ex.moe(0, n, x))
+        record("eager_moe", n, lambda: ex.ffn(0, n, x))
     if ex.graphs is not None:
         for size in [s for s in ex.sizes if s in (4, 16, 64, 128, 256, 512) or s == cap][:4 if quick else 8]:
             if ex.positions > 1 and size % ex.positions == 0 and ex.full_capturable:

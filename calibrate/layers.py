@@ -7,7 +7,8 @@ paged Triton kernel over vLLM's block-table KV pool (`paged_attn_forward`), with
 dense-cache SDPA cores kept for the whole-step check; other elementwise work is
 unfused PyTorch, so these times bound vLLM's fused kernels from above there. The GDN recurrence is not here: it is
 the policy's verify kernel (policies/kernels), passed in as `recurrence` when a whole
-step runs it, and timed by the kernels bench for the tables.
+step runs it, and timed by the kernels bench for the tables. A dense model has a SwiGLU
+MLP (cuBLAS GEMMs) where the MoE is: `ffn_weights` / `ffn_forward` pick the block.
 """
 from __future__ import annotations
 
@@ -260,6 +261,38 @@ def moe_forward(x: torch.Tensor, w: MoEWeights, s: LayerShapes, out: torch.Tenso
     the residual added in its final reduction; `out=x` updates the residual stream in place."""
     h = F.rms_norm(x, (s.hidden,), w.norm, EPS)
     return fused_moe(h, w.router, w.w13, w.w2, s.top_k, w.shared13, w.shared2, w.shared_gate, residual=x, out=out)
+
+
+# ------------------------------------------------------------------- dense MLP
+@dataclass
+class MLPWeights:
+    norm: torch.Tensor
+    w13: torch.Tensor  # [2 * width, hidden]: gate and up (vLLM's merged column-parallel gate_up_proj)
+    w2: torch.Tensor  # [hidden, width]: down (row-parallel)
+
+
+def mlp_weights(s: LayerShapes, device: torch.device) -> MLPWeights:
+    return MLPWeights(norm=_norm_w(s.hidden, device), w13=_w(2 * s.mlp_width, s.hidden, device=device),
+                      w2=_w(s.hidden, s.mlp_width, device=device))
+
+
+def mlp_forward(x: torch.Tensor, w: MLPWeights, s: LayerShapes, out: torch.Tensor | None = None) -> torch.Tensor:
+    """A dense model's feed-forward block: norm, gate_up GEMM, SiLU(gate) x up, down GEMM with the residual
+    added in the GEMM's epilogue (vLLM fuses the activation in one kernel, SiluAndMul; torch makes it two)."""
+    gate, up = F.linear(F.rms_norm(x, (s.hidden,), w.norm, EPS), w.w13).chunk(2, -1)
+    return torch.addmm(x, F.silu(gate) * up, w.w2.t(), out=out)
+
+
+FFNWeights = MoEWeights | MLPWeights
+
+
+def ffn_weights(s: LayerShapes, device: torch.device) -> FFNWeights:
+    """The block after every layer: a dense MLP's weights for a dense model, else the MoE's."""
+    return mlp_weights(s, device) if s.dense else moe_weights(s, device)
+
+
+def ffn_forward(x: torch.Tensor, w: FFNWeights, s: LayerShapes, out: torch.Tensor | None = None) -> torch.Tensor:
+    return mlp_forward(x, w, s, out) if isinstance(w, MLPWeights) else moe_forward(x, w, s, out)
 
 
 # ------------------------------------------------------------------ LM head, MTP fc

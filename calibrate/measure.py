@@ -130,6 +130,20 @@ def moe_table(h: Harness) -> list[dict]:
                         lambda n: moe_work(s, n))
 
 
+def mlp_table(h: Harness) -> list[dict]:
+    s = h.shapes
+
+    def call(w: L.MLPWeights, n: int) -> Callable[[], object]:
+        x = h.randn(n, s.hidden)
+        return lambda: L.mlp_forward(x, w, s)
+
+    def work(n: int) -> tuple[float, float]:
+        a, b = _gemm_work(n, s.hidden, 2 * s.mlp_width), _gemm_work(n, s.mlp_width, s.hidden)
+        return a[0] + b[0], a[1] + b[1]
+
+    return _token_table(h, "mlp", s.mlp_weight_bytes, lambda: L.mlp_weights(s, h.device), call, work)
+
+
 def moe_work(s: LayerShapes, n: int) -> tuple[float, float]:
     """flops and minimum bytes of the MoE on n tokens: the experts they touch read once."""
     per_expert = 3 * s.hidden * s.expert_width
@@ -300,6 +314,7 @@ TABLE_JOBS: dict[str, Callable[[Harness], list[dict]]] = {
     "attn_decode": attn_decode_table,
     "attn_prefill": attn_prefill_table,
     "moe": moe_table,
+    "mlp": mlp_table,
     "lm_head": lm_head_table,
     "mtp_fc": mtp_fc_table,
 }

@@ -10,7 +10,7 @@ sampler over one draft token per request. The phases run one after the other, so
 peak is that of the larger. Here, per model at its YAML tensor parallelism (per-GPU
 shapes) and per point of the server defaults:
 
-- forward: one GDN layer, one attention layer and two MoE blocks of real shapes
+- forward: one GDN layer, one attention layer and two feed-forward (MoE or MLP) blocks of real shapes
   (calibrate/layers.py), the residual stream kept, as the peak lies inside one layer;
 - sampler: vLLM's dummy sampling metadata (temperature 0.5, top-p 0.9, top-k vocab - 1,
   no penalties) through its torch fallback (`apply_top_k_top_p`: a full sort), and a
@@ -122,7 +122,7 @@ def _peak(device: torch.device, run: Callable[[], object]) -> tuple[int, object]
 
 def measure_point(h: Harness, model: ModelConfig, tokens: int, seqs: int, speculative: bool) -> dict:
     s, d = h.shapes, h.device
-    gdn, attn, moe = L.gdn_weights(s, d), L.attn_weights(s, d), L.moe_weights(s, d)
+    gdn, attn, ffn = L.gdn_weights(s, d), L.attn_weights(s, d), L.ffn_weights(s, d)
     head, embed = L.head_weights(s, d), L._w(s.vocab, s.hidden, device=d)
     rows = min(seqs, tokens)
     ids = torch.randint(0, s.vocab, (tokens,), device=d)
@@ -137,8 +137,8 @@ def measure_point(h: Harness, model: ModelConfig, tokens: int, seqs: int, specul
             return L.prefill_core(q.transpose(0, 1)[None], None, None, k.transpose(0, 1)[None],
                                   v.transpose(0, 1)[None])[0].transpose(0, 1)
         x = embed.index_select(0, ids)
-        x = L.moe_forward(L.gdn_forward(x, gdn, s, conv), moe, s)
-        return L.moe_forward(L.attn_forward(x, attn, s, cos, sin, positions, kc, vc, causal), moe, s)
+        x = L.ffn_forward(L.gdn_forward(x, gdn, s, conv), ffn, s)
+        return L.ffn_forward(L.attn_forward(x, attn, s, cos, sin, positions, kc, vc, causal), ffn, s)
 
     fwd_peak, hidden = _peak(d, forward)
     if not bool(torch.isfinite(hidden).all()):

@@ -17,7 +17,7 @@ from core.config import HardwareConfig, ModelConfig, load_policy, policy_names
 from core.tables import DECODE_CONV, DECODE_CONV_COLUMNS, STEP_COLUMNS, write_rows
 from calibrate import provenance
 from calibrate.fla import load_fla_chunk
-from calibrate.grid import FULL, QUICK, Grid
+from calibrate.grid import FULL, QUICK, Grid, model_jobs
 
 
 GDN_PREFILL_DEADLINE_S = 45.0  # fla autotunes each new shape; bound the job's device time
@@ -39,6 +39,7 @@ def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: 
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("calibrate measure: no CUDA device here (use --device cpu only for tiny test grids)")
     grid = grid or (QUICK if quick else FULL)
+    jobs = model_jobs(jobs, model.dense)
     env = provenance.environment(device)
     cuda = dev.type == "cuda"
     bw = copy_bandwidth_gbs(dev) if cuda else hw.hbm_bandwidth_gbs

@@ -2,15 +2,14 @@
 
 vLLM's sharding: attention and GDN heads split across ranks (KV heads replicated when
 TP exceeds them), every expert on every rank with its intermediate width split by TP
-(no expert parallelism by default), the LM head split over the vocabulary.
+(no expert parallelism by default), a dense MLP's intermediate width split by TP, the
+LM head split over the vocabulary.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from core.config import ModelConfig
-
-ROTARY_FRACTION = 4  # Qwen3.5 rotates head_dim / 4 of each attention head (partial RoPE)
 
 
 @dataclass(frozen=True)
@@ -28,7 +27,7 @@ class LayerShapes:
     q_heads: int
     kv_heads: int
     head_dim: int
-    # MoE, per GPU
+    # MoE, per GPU (all 0 for a dense model)
     num_experts: int
     top_k: int
     expert_width: int  # each expert's intermediate width on this GPU
@@ -38,13 +37,17 @@ class LayerShapes:
     gdn_layers: int
     attn_layers: int
     mtp_depth: int
+    mlp_width: int = 0  # a dense model's MLP intermediate width on this GPU (0: the MoE above)
+    rotary_fraction: float = 0.25  # partial RoPE: the fraction of each head's channels it turns
 
     @classmethod
     def from_model(cls, m: ModelConfig) -> "LayerShapes":
         tp = m.tensor_parallel
         g, a, e = m.gdn, m.attention, m.moe
+        widths = (("moe.expert_width", e.expert_width), ("moe.shared_width", e.shared_width)) if e else \
+            (("mlp.intermediate_size", m.mlp.intermediate_size),)
         for what, n in (("gdn.num_k_heads", g.num_k_heads), ("gdn.num_v_heads", g.num_v_heads),
-                        ("attention.num_q_heads", a.num_q_heads), ("moe.expert_width", e.expert_width)):
+                        ("attention.num_q_heads", a.num_q_heads), *widths):
             if n % tp:
                 raise ValueError(f"{m.name}: {what} ({n}) is not divisible by tensor_parallel ({tp})")
         return cls(
@@ -52,10 +55,11 @@ class LayerShapes:
             gdn_k_heads=g.num_k_heads // tp, gdn_v_heads=g.num_v_heads // tp,
             head_k_dim=g.head_k_dim, head_v_dim=g.head_v_dim, conv_kernel=g.conv_kernel,
             q_heads=a.num_q_heads // tp, kv_heads=m.kv_heads_per_gpu, head_dim=a.head_dim,
-            num_experts=e.num_experts, top_k=e.top_k, expert_width=e.expert_width // tp,
-            shared_width=e.shared_experts * e.expert_width // tp,
+            num_experts=e.num_experts if e else 0, top_k=e.top_k if e else 0,
+            expert_width=e.expert_width // tp if e else 0, shared_width=e.shared_width // tp if e else 0,
             vocab=-(-m.vocab_size // tp),
             gdn_layers=m.gdn_layers, attn_layers=m.attn_layers, mtp_depth=m.mtp_depth,
+            mlp_width=m.mlp.intermediate_size // tp if m.mlp else 0, rotary_fraction=a.partial_rotary_factor,
         )
 
     # -- GDN
@@ -84,7 +88,12 @@ class LayerShapes:
 
     @property
     def rotary_dim(self) -> int:
-        return self.head_dim // ROTARY_FRACTION
+        return int(self.head_dim * self.rotary_fraction)
+
+    @property
+    def dense(self) -> bool:
+        """A dense MLP after every layer in place of the MoE."""
+        return self.mlp_width > 0
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -111,6 +120,15 @@ class LayerShapes:
         experts = self.num_experts * 3 * self.hidden * self.expert_width
         shared = 3 * self.hidden * self.shared_width + self.hidden
         return 2 * (experts + shared + self.hidden * self.num_experts)
+
+    @property
+    def mlp_weight_bytes(self) -> int:
+        return 2 * 3 * self.hidden * self.mlp_width
+
+    @property
+    def ffn_weight_bytes(self) -> int:
+        """The feed-forward block's weights: the dense MLP's or the MoE's."""
+        return self.mlp_weight_bytes if self.dense else self.moe_weight_bytes
 
     @property
     def lm_head_weight_bytes(self) -> int:

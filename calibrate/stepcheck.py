@@ -27,19 +27,19 @@ COPIES = 3  # weight copies the stacked layers rotate over (each MoE copy alone 
 class Weights:
     gdn: list[L.GDNWeights]
     attn: list[L.AttnWeights]
-    moe: list[L.MoEWeights]
+    ffn: list[L.FFNWeights]
     head: L.HeadWeights
     embed: torch.Tensor
     mtp: L.MTPWeights
     mtp_attn: L.AttnWeights
-    mtp_moe: L.MoEWeights
+    mtp_ffn: L.FFNWeights
 
     @classmethod
     def build(cls, h: Harness) -> "Weights":
         s, d = h.shapes, h.device
         return cls([L.gdn_weights(s, d) for _ in range(COPIES)], [L.attn_weights(s, d) for _ in range(COPIES)],
-                   [L.moe_weights(s, d) for _ in range(COPIES)], L.head_weights(s, d),
-                   L._w(s.vocab, s.hidden, device=d), L.mtp_weights(s, d), L.attn_weights(s, d), L.moe_weights(s, d))
+                   [L.ffn_weights(s, d) for _ in range(COPIES)], L.head_weights(s, d),
+                   L._w(s.vocab, s.hidden, device=d), L.mtp_weights(s, d), L.attn_weights(s, d), L.ffn_weights(s, d))
 
 
 def tensor_bytes(obj: object) -> int:
@@ -113,13 +113,13 @@ class Step:
         cache = self.caches[COPIES]
         x = L.mtp_fc_forward(w.embed.index_select(0, self.ids), self.hidden, w.mtp, s)
         x = L.attn_forward(x, w.mtp_attn, s, *self.rope_p, self.slots, *cache, self._core(cache, self.b, self.p))
-        x = L.moe_forward(x, w.mtp_moe, s)
+        x = L.ffn_forward(x, w.mtp_ffn, s)
         last = x.view(self.b, self.p, s.hidden)[:, -1]
         tok = L.lm_head_forward(last, w.head, s)
         for _ in range(s.mtp_depth - 1):
             x = L.mtp_fc_forward(w.embed.index_select(0, tok), last, w.mtp, s)
             x = L.attn_forward(x, w.mtp_attn, s, *self.rope_1, self.slots1, *cache, self._core(cache, self.b, 1))
-            last = L.moe_forward(x, w.mtp_moe, s)
+            last = L.ffn_forward(x, w.mtp_ffn, s)
             tok = L.lm_head_forward(last, w.head, s)
 
     def target(self) -> None:
@@ -136,7 +136,7 @@ class Step:
                 c = gi % COPIES
                 x = L.gdn_forward(x, w.gdn[c], s, self.conv[c], self.recurrence(c))
                 gi += 1
-            x = L.moe_forward(x, w.moe[layer % COPIES], s)
+            x = L.ffn_forward(x, w.ffn[layer % COPIES], s)
         self.tokens_out.copy_(L.lm_head_forward(x, w.head, s))
 
     def __call__(self) -> None:
@@ -207,13 +207,13 @@ def _rec_inputs(h: Harness, step: Step) -> tuple[torch.Tensor, ...]:
 def memory_report(h: Harness, model: object, max_seqs: int) -> dict:
     """Activation peak of a max-token forward per GPU, weights per GPU, state/KV bytes per request."""
     s, d = h.shapes, h.device
-    one = Weights(gdn=[L.gdn_weights(s, d)], attn=[L.attn_weights(s, d)], moe=[L.moe_weights(s, d)],
+    one = Weights(gdn=[L.gdn_weights(s, d)], attn=[L.attn_weights(s, d)], ffn=[L.ffn_weights(s, d)],
                   head=L.head_weights(s, d), embed=L._w(s.vocab, s.hidden, device=d), mtp=L.mtp_weights(s, d),
-                  mtp_attn=L.attn_weights(s, d), mtp_moe=L.moe_weights(s, d))
+                  mtp_attn=L.attn_weights(s, d), mtp_ffn=L.ffn_weights(s, d))
     layers = s.gdn_layers + s.attn_layers
     weights = (s.gdn_layers * tensor_bytes(one.gdn[0]) + s.attn_layers * tensor_bytes(one.attn[0])
-               + layers * tensor_bytes(one.moe[0]) + tensor_bytes(one.head) + one.embed.numel() * 2
-               + tensor_bytes(one.mtp) + tensor_bytes(one.mtp_attn) + tensor_bytes(one.mtp_moe))
+               + layers * tensor_bytes(one.ffn[0]) + tensor_bytes(one.head) + one.embed.numel() * 2
+               + tensor_bytes(one.mtp) + tensor_bytes(one.mtp_attn) + tensor_bytes(one.mtp_ffn))
     peaks = {}
     for t in h.grid.activation_tokens:
         kc, vc = h.randn(t, s.kv_heads, s.head_dim), h.randn(t, s.kv_heads, s.head_dim)
@@ -230,8 +230,8 @@ def memory_report(h: Harness, model: object, max_seqs: int) -> dict:
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
         x = one.embed.index_select(0, ids)
-        x = L.moe_forward(L.gdn_forward(x, one.gdn[0], s, conv), one.moe[0], s)
-        x = L.moe_forward(L.attn_forward(x, one.attn[0], s, cos, sin, slots, kc, vc, causal), one.moe[0], s)
+        x = L.ffn_forward(L.gdn_forward(x, one.gdn[0], s, conv), one.ffn[0], s)
+        x = L.ffn_forward(L.attn_forward(x, one.attn[0], s, cos, sin, slots, kc, vc, causal), one.ffn[0], s)
         # vLLM's profiling run also samples max_num_seqs dummy rows.
         L.lm_head_forward(x[:max_seqs] if t >= max_seqs else x.repeat(-(-max_seqs // t), 1)[:max_seqs], one.head, s)
         if d.type == "cuda":
@@ -251,6 +251,6 @@ def memory_report(h: Harness, model: object, max_seqs: int) -> dict:
     }
     return {"activation_peak_bytes": peaks, "max_num_seqs_sampled": max_seqs,
             "activation_note": "peak allocated minus weights/caches of an eager forward of one GDN layer (no "
-                               "recurrence kernel), one attention layer, two MoE blocks, and the LM head over "
+                               "recurrence kernel), one attention layer, two feed-forward (MoE or MLP) blocks, and the LM head over "
                                "max_num_seqs rows, per GPU",
             "checks": checks}

@@ -26,7 +26,7 @@ class TableSpec:
     axes: tuple[str, ...]  # columns the time is interpolated over
     scales: tuple[str, ...]  # "log" or "linear" per axis
     what: str
-    required: bool = True  # optional tables need a package the GPU image may lack (fla)
+    required: bool = True  # optional: a package the GPU image may lack (fla), or one model kind's (moe, mlp)
     # An axis along which a table may lack its low cells (gdn_prefill_varlen measures `seqs`
     # sequences only from 8 x seqs tokens on): each missing cell takes the first measured value
     # above it along that axis, the module's out-of-grid rule for a value below an axis.
@@ -38,7 +38,8 @@ TABLES: dict[str, TableSpec] = {
     "attn_proj": TableSpec(("tokens",), ("log",), "attention layer without the core: norm, QKV proj, q/k norm, RoPE, KV write, gate, o_proj"),
     "attn_decode": TableSpec(("B", "P", "ctx"), ("log", "log", "linear"), "attention core: B sequences x P verify queries over ctx cached tokens"),
     "attn_prefill": TableSpec(("tokens", "ctx"), ("log", "linear"), "attention core: one prefill chunk of `tokens` after ctx cached tokens"),
-    "moe": TableSpec(("tokens",), ("log",), "MoE block: norm, router, top-k, grouped expert GEMMs, shared expert"),
+    "moe": TableSpec(("tokens",), ("log",), "MoE block: norm, router, top-k, grouped expert GEMMs, shared expert", required=False),
+    "mlp": TableSpec(("tokens",), ("log",), "a dense model's MLP block: norm, gate_up GEMM, SiLU x up, down GEMM", required=False),
     "lm_head": TableSpec(("tokens",), ("log",), "final norm, LM head and greedy sampling over `tokens` rows"),
     "gdn_prefill": TableSpec(("tokens",), ("log",), "GDN prefill recurrence of one `tokens` chunk: fla's chunk_gated_delta_rule as vLLM calls it", required=False),
     "mtp_fc": TableSpec(("tokens",), ("log",), "MTP drafter input: two norms, concat, fc (the rest of the MTP layer is an attention layer + MoE)"),

@@ -10,7 +10,7 @@ from core.config import ModelConfig, load_hardware, load_model, validate  # noqa
 from core.tables import COLUMNS, DECODE_CONV_COLUMNS, STEP_COLUMNS, TABLES  # noqa: E402
 from calibrate.grid import ALL_JOBS, Grid, jobs_for_part  # noqa: E402
 from calibrate.shapes import LayerShapes  # noqa: E402
-from tiny_model import TINY  # noqa: E402
+from tiny_model import TINY, TINY_DENSE  # noqa: E402
 
 GRID = Grid(tokens=(1, 2, 4, 8), decode_b=(1, 2, 4), decode_p=(1, 2, 4), decode_ctx=(16, 32, 64),
             prefill_chunk=(8, 16, 32), prefill_ctx=(0, 16, 32), step_shapes=((2, 2, 16), (1, 4, 32)),
@@ -130,6 +130,32 @@ def test_gdn_table_times_the_dense_halves_not_the_core(tmp_path):
                        commit="abc123", grid=GRID, log=lambda s: None) == 0
     rows = list(csv.DictReader((tmp_path / model.name / "gdn.csv").open()))
     assert len(rows) == len(GRID.tokens)
+
+
+def test_dense_model_measures_every_job_with_an_mlp_table(tmp_path):
+    """A dense hybrid: the same jobs with an MLP table in place of the MoE's, the whole-step check and
+    the decode core through the executor with the MLP after every layer."""
+    from calibrate import run, stepcheck
+    from calibrate.run import measure
+
+    model = validate(ModelConfig, TINY_DENSE, "tiny dense")
+    log = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stepcheck, "load_kernel", lambda name: ShapeCheckingKernel)
+        mp.setattr(run, "load_fla_chunk", lambda: fake_chunk)
+        rc = measure(model, load_hardware("h200"), ALL_JOBS, tmp_path, device="cpu", modes=("eager",),
+                     commit="abc123", grid=GRID, log=log.append)
+    mdir = tmp_path / model.name
+    assert rc == 0, "\n".join(log)
+    assert not (mdir / "moe.csv").exists()
+    rows = list(csv.DictReader((mdir / "mlp.csv").open()))
+    assert [int(r["tokens"]) for r in rows] == list(GRID.tokens)
+    # the minimum work: gate_up and down GEMMs, their weights read once
+    n, h, w = int(rows[-1]["tokens"]), 64, 48
+    assert int(rows[-1]["flops"]) == 2 * n * h * 2 * w + 2 * n * w * h
+    assert (mdir / "step_check.csv").exists() and (mdir / "gdn_decode_conv.csv").exists()
+    part = json.loads((mdir / "provenance.json").read_text())["parts"][-1]
+    assert "mlp" in part["jobs"] and "moe" not in part["jobs"] and part["errors"] == []
 
 
 def test_step_check_and_memory(measured):

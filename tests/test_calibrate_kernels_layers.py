@@ -28,6 +28,19 @@ def test_moe_forward_is_norm_fused_moe_residual():
     assert rel_err(L.moe_forward(x, w, TINY).double() - x.double(), moe) < TOL
 
 
+def test_mlp_forward_is_norm_swiglu_residual():
+    s = dataclasses.replace(TINY, num_experts=0, top_k=0, expert_width=0, shared_width=0, mlp_width=40)
+    w = L.ffn_weights(s, torch.device("cpu"))
+    assert isinstance(w, L.MLPWeights) and w.w13.shape == (80, s.hidden) and w.w2.shape == (s.hidden, 40)
+    x = torch.randn(7, s.hidden).to(torch.bfloat16)
+    h = F.rms_norm(x.double(), (s.hidden,), w.norm.double(), L.EPS)
+    gate, up = (h @ w.w13.double().t()).chunk(2, -1)
+    mlp = (F.silu(gate) * up) @ w.w2.double().t()
+    assert rel_err(L.ffn_forward(x, w, s).double() - x.double(), mlp) < TOL  # the MLP alone, not the residual
+    out = torch.empty_like(x)
+    assert L.ffn_forward(x, w, s, out=out) is out
+
+
 def test_paged_attn_forward_matches_dense_layer_with_reference_core():
     """Same weights and pool: paged_attn_forward (reshape_and_cache + Triton kernel) against
     attn_forward writing the flat pool and calling the float64 reference as its core."""

@@ -8,3 +8,6 @@ TINY = {
     "moe": {"num_experts": 8, "top_k": 2, "shared_experts": 1, "expert_width": 32},
     "vocab_size": 128, "total_params": 1.0e6, "active_params": 2.0e5, "mtp_depth": 2,
 }
+# The same hybrid with a dense MLP in place of the MoE (Qwen3.5's dense sizes).
+TINY_DENSE = {**{k: v for k, v in TINY.items() if k != "moe"}, "name": "tiny-dense-hybrid",
+              "mlp": {"intermediate_size": 48}, "active_params": 1.0e6}
