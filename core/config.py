@@ -12,6 +12,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from core.errors import ConfigError
+from core.files import read_text
+
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 REPO_ROOT = CONFIG_DIR.parent
 
@@ -21,10 +24,6 @@ GiB = 1 << 30
 PolicyName = Literal["store_all", "reconstruct", "replay", "reconstruct_deferred"]
 DType = Literal["float32", "bfloat16", "float16"]
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "bf16": 2, "fp8": 1}
-
-
-class ConfigError(ValueError):
-    """A configuration problem, phrased for the user (file, field path, allowed values)."""
 
 
 class _Strict(BaseModel):
@@ -247,6 +246,8 @@ class EngineConfig(_Strict):
     mamba_cache_mode: Literal["none", "align"] | None = None  # None: "align" with prefix caching, else "none"
     language_model_only: bool = False  # vLLM --language-model-only: no multimodal encoder dummy batch
     max_model_len: int | None = Field(None, gt=0)  # None: the model's max_model_len
+    # vLLM refuses a max_model_len above the model's own unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (docs/engine.md)
+    allow_long_max_model_len: bool = False
     # vLLM's default with MTP (config/vllm.py): the next step is planned while one runs (docs/engine.md)
     async_scheduling: bool = True
     # vLLM v1 schedules spec_token_ids[:budget - 1] when the budget is short; false: 1 token (chains only)
@@ -300,7 +301,7 @@ class RunConfig(_Strict):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     client: ClientConfig = Field(default_factory=ClientConfig)
     num_requests: int = Field(1000, gt=0)
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**63)  # numpy's SeedSequence takes non-negative integers
     trace_steps: bool = False  # write the per-step trace
 
 
@@ -309,15 +310,36 @@ def _names(kind: str) -> list[str]:
     return sorted(p.stem for p in (CONFIG_DIR / kind).glob("*.yaml"))
 
 
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """PyYAML's error in one line: what is wrong and where (its own text spans several)."""
+    mark = getattr(e, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    what = "; ".join(str(x) for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x)
+    return where + (what or str(e).splitlines()[0])
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(read_text(path, "a YAML file"))
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        raise ConfigError(f"{path}: not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(data, dict):
         got = "an empty file" if data is None else f"a {type(data).__name__}"
         raise ConfigError(f"{path}: expected a mapping of field: value at the top level, got {got}")
     return data
+
+
+def parse_set(item: str, example: str = "engine.gmu=0.6") -> tuple[str, Any]:
+    """One `--set KEY=VALUE` item: the dotted key and the value read as YAML (0.6 is a
+    number, null is None, [1, 1] a list)."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set expects KEY=VALUE (e.g. {example}), got {item!r}")
+    try:
+        return key.strip(), yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {item}: the value is not valid YAML ({yaml_problem(e)}); quote a string, "
+                          "write a list as [1, 2]") from None
 
 
 def _fields_at(cls: type[BaseModel], loc: tuple) -> list[str]:
@@ -332,14 +354,17 @@ def _fields_at(cls: type[BaseModel], loc: tuple) -> list[str]:
 
 
 def format_validation_error(source: str, err: ValidationError, cls: type[BaseModel] | None = None) -> str:
-    lines = [f"{source}: invalid configuration"]
+    """One line for one bad field; a line per field when there are several."""
+    fields = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"]
         if e["type"] == "extra_forbidden" and cls is not None and (valid := _fields_at(cls, e["loc"])):
             msg = f"unknown field; valid: {', '.join(valid)}"
-        lines.append(f"  {loc}: {msg}")
-    return "\n".join(lines)
+        fields.append(f"{loc}: {msg}")
+    if len(fields) == 1:
+        return f"{source}: invalid configuration: {fields[0]}"
+    return "\n".join([f"{source}: invalid configuration", *(f"  {f}" for f in fields)])
 
 
 def validate(cls: type[BaseModel], data: dict[str, Any], source: str) -> Any:

@@ -1,8 +1,16 @@
-"""File helpers shared by the sweep and its report."""
+"""File helpers: atomic writes, text input that fails as a user error, and output folders
+that a failed or interrupted command leaves as they were."""
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable
 from pathlib import Path
+
+from core.errors import ConfigError
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -16,3 +24,122 @@ def atomic_write_text(path: Path, text: str) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def read_text(path: Path, what: str) -> str:
+    """A UTF-8 text file's contents; a binary file, a folder or an unreadable path is a
+    ConfigError naming `what` the file was meant to be."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a UTF-8 text file (byte {e.start}: {e.reason}); expected {what}") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read {what}: {e.strerror or e}") from None
+
+
+class StagedOutput:
+    """An output folder written whole or not at all.
+
+    Files go to a hidden folder beside `target` (same filesystem, so moving them in is a
+    rename); `publish` moves each in with `os.replace` and removes the `files` and `folders`
+    that this run did not produce (a traced run's steps.csv after an untraced rerun), so
+    the folder never mixes two runs. Other files in `target` are the user's and stay.
+    Creating the staging folder up front checks the path before any work: a regular
+    file, a path under one, a read-only or missing filesystem fails at once.
+    """
+
+    def __init__(self, target: Path, files: Iterable[str], folders: Iterable[str] = (), option: str = "--out") -> None:
+        self.target = Path(target)
+        files = tuple(files)
+        self.owned = (*files, *folders)
+        where = f"{option} {self.target}"
+        if self.target.exists() and not self.target.is_dir():
+            raise ConfigError(f"{where}: exists and is not a folder; choose a folder path")
+        for name in files:
+            if (self.target / name).is_dir():
+                raise ConfigError(f"{where}: {self.target / name} is a folder where this command writes a file; "
+                                  "remove it or choose another folder")
+        parent = self.target.absolute().parent
+        above = next(p for p in (parent, *parent.parents) if p.exists())
+        if not above.is_dir():
+            raise ConfigError(f"{where}: {above} is a file, not a folder; choose a folder path")
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            self.path = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.", suffix=".tmp", dir=parent))
+        except OSError as e:
+            raise ConfigError(f"{where}: cannot write in {parent} ({e.strerror or e})") from None
+
+    def publish(self) -> None:
+        """Move every staged file or folder into `target`, replacing what was there."""
+        self.target.mkdir(exist_ok=True)
+        made = {p.name for p in self.path.iterdir()}
+        for name in sorted(made):
+            dst = self.target / name
+            if dst.is_dir() and not dst.is_symlink():
+                # A folder cannot be replaced in one rename: move the old one aside first.
+                old = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".old", dir=self.target))
+                os.replace(dst, old / name)
+                os.replace(self.path / name, dst)
+                shutil.rmtree(old)
+            else:
+                os.replace(self.path / name, dst)
+        for name in self.owned:
+            if name not in made:
+                stale = self.target / name
+                if stale.is_dir() and not stale.is_symlink():
+                    shutil.rmtree(stale)
+                else:
+                    stale.unlink(missing_ok=True)
+        self.discard()
+
+    def discard(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def __enter__(self) -> "StagedOutput":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.discard()  # after publish there is nothing left; after a failure, the partial files
+
+
+class FolderLock:
+    """An exclusive lock on a folder for one writer: a second process gets a ConfigError
+    naming the process that holds it. The lock is `flock` on a hidden file beside the
+    folder (so a command that fails on its input creates nothing in it), which goes away
+    with its holder however that ends: a killed process leaves no stale lock."""
+
+    def __init__(self, folder: Path, option: str = "--out") -> None:
+        self.folder, self.option = Path(folder), option
+        self.path = self.folder.absolute().parent / f".{self.folder.name}.lock"
+        self.fd: int | None = None
+
+    def __enter__(self) -> "FolderLock":
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"{self.option} {self.folder}: cannot create {self.path.parent} ({e.strerror or e})") from None
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+                os.close(fd)
+                raise ConfigError(f"{self.option} {self.folder}: in use by {holder}; wait for it to finish "
+                                  "or choose another folder") from None
+            try:  # the holder before us may have removed the file between our open and our flock
+                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"process {os.getpid()} (started {time.strftime('%Y-%m-%d %H:%M:%S')})".encode(), 0)
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            self.path.unlink(missing_ok=True)
+            os.close(self.fd)  # closing releases the flock
+            self.fd = None

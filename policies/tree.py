@@ -16,10 +16,11 @@ class DraftTree:
     @classmethod
     def parse(cls, text: str | list[int] | tuple[int, ...]) -> "DraftTree":
         if isinstance(text, str):
-            try:
-                widths = tuple(int(x) for x in text.replace("(", "").replace(")", "").split(",") if x.strip())
-            except ValueError:
-                raise ValueError(f"tree must be comma-separated widths such as 1,1,1; got {text!r}") from None
+            items = text.strip().removeprefix("(").removesuffix(")").split(",")
+            # "3,,3" is a typo, not the tree (3, 3): every item must be a positive width
+            if not all(x.strip().isdigit() and int(x) > 0 for x in items):
+                raise ValueError(f"tree must be comma-separated positive widths such as 1,1,1 or 3,3,3; got {text!r}")
+            widths = tuple(int(x) for x in items)
         else:
             widths = tuple(int(x) for x in text)
         return cls(widths)

@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from core.config import ConfigError
+from core.errors import ConfigError
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("sim.run", "simulate one configuration; with --out, write summary.json + requests.csv + config.yaml"),
@@ -59,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(importlib.import_module(args._module).main(args) or 0)
     except ConfigError as e:
         print(f"specsim {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a path the user named that cannot be read or written: their input, not our bug
+        where = f": {e.filename}" if e.filename else ""
+        print(f"specsim {args.command}: error: {e.strerror or e}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"specsim {args.command}: interrupted", file=sys.stderr)

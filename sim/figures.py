@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from core.config import GiB, ConfigError  # noqa: E402
+from core.files import StagedOutput, read_text  # noqa: E402
 from sim.report import (  # noqa: E402
     BASELINE,
     RATIO_METRICS,
@@ -442,11 +443,19 @@ def make_figures(sweep_dir: Path) -> list[Section]:
     if not points.exists() or not manifest_path.exists():
         raise ConfigError(_missing_sweep(sweep_dir))
     df = read_points_csv(points)
-    manifest = json.loads(manifest_path.read_text())
-    fig_dir = sweep_dir / "figures"
-    fig_dir.mkdir(exist_ok=True)
-    sections = [draw(df, manifest, fig_dir) for draw in FIGURES]
-    write_report(sweep_dir / "report.md", df, manifest, sections)
+    try:
+        manifest = json.loads(read_text(manifest_path, "the sweep's sweep.json"))
+    except ValueError as e:
+        raise ConfigError(f"{manifest_path}: not valid JSON ({e}); rerun the sweep to rewrite it") from None
+    if not isinstance(manifest, dict):
+        raise ConfigError(f"{manifest_path}: expected a JSON object; rerun the sweep to rewrite it")
+    # Figures and report.md appear together or not at all: a failure keeps the previous ones.
+    with StagedOutput(sweep_dir, ["report.md"], ["figures"], option="--sweep") as staged:
+        fig_dir = staged.path / "figures"
+        fig_dir.mkdir()
+        sections = [draw(df, manifest, fig_dir) for draw in FIGURES]
+        write_report(staged.path / "report.md", df, manifest, sections)
+        staged.publish()
     return sections
 
 

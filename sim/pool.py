@@ -9,7 +9,7 @@ block 0 as the null block that no request holds.
 """
 from __future__ import annotations
 
-from core.config import ModelConfig
+from core.config import ConfigError, ModelConfig
 from policies import CommitPolicy
 from sim.budget import BlockLayout
 
@@ -80,6 +80,26 @@ class IdealPool(Pool):
 
     def attn_units(self, tokens: int) -> int:
         return tokens * self.token_bytes
+
+
+def check_one_request_fits(pool: Pool, max_model_len: int, tree: str) -> None:
+    """vLLM refuses to start when its KV cache cannot hold one request of max_model_len
+    tokens (`check_enough_kv_cache_memory`, docs/engine.md): no request of that length
+    could ever run, so the simulation would only reject them."""
+    need = pool.units_for(max_model_len)
+    if need <= pool.capacity:
+        return
+    lo, hi = 0, max_model_len  # the longest length whose footprint fits, by bisection
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if pool.units_for(mid) <= pool.capacity else (lo, mid - 1)
+    unit = "blocks" if pool.kind == "paged" else "bytes"
+    longest = (f"the longest request that fits is {lo:,} tokens" if pool.units_for(lo) <= pool.capacity
+               else f"its GDN state alone ({pool.state_units:,} {unit}) does not fit")
+    raise ConfigError(f"one request of max_model_len {max_model_len:,} tokens needs {need:,} {unit} of the KV and "
+                      f"state pool (state {pool.state_units:,} with tree {tree}) but the pool holds {pool.capacity:,}; "
+                      f"{longest}. vLLM refuses to start here: raise engine.gmu, lower engine.max_model_len, "
+                      "or draft a smaller tree")
 
 
 def make_pool(kind: str, model: ModelConfig, policy: CommitPolicy, layout: BlockLayout, pool_bytes: int) -> Pool:

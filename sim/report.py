@@ -9,6 +9,7 @@ memory-bound and slack points.
 """
 from __future__ import annotations
 
+import csv
 import io
 import json
 import math
@@ -19,8 +20,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.config import GiB, RunConfig, load_model, load_policy
-from core.files import atomic_write_text
+from core.config import ConfigError, GiB, RunConfig, load_model, load_policy
+from core.files import atomic_write_text, read_text
 from policies import make_policy
 
 BASELINE = "store_all"
@@ -138,8 +139,22 @@ def write_points_csv(records: list[dict[str, Any]], path: Path) -> pd.DataFrame:
     return df
 
 
+POINT_COLUMNS = ("key", "status", "policy")  # what every figure and ratio reads
+
+
 def read_points_csv(path: Path) -> pd.DataFrame:
-    df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={"error": object})
+    """A sweep's points.csv; a binary, truncated or hand-cut file is a ConfigError (the
+    sweep rewrites it from its point files)."""
+    text = read_text(path, "a sweep's points.csv")
+    fix = "rerun the sweep to rewrite it from its point files"
+    rows = list(csv.reader(io.StringIO(text)))
+    if not rows or not set(POINT_COLUMNS) <= set(rows[0]):
+        raise ConfigError(f"{path}: not a sweep's points table (needs columns {', '.join(POINT_COLUMNS)}); {fix}")
+    for line, row in enumerate(rows[1:], start=2):
+        if len(row) != len(rows[0]):
+            raise ConfigError(f"{path}: line {line} has {len(row)} fields, the header {len(rows[0])}: the file is "
+                              f"truncated or was edited; {fix}")
+    df = pd.read_csv(io.StringIO(text), keep_default_na=False, na_values=[""], dtype={"error": object})
     if "memory_bound" in df:
         df["memory_bound"] = df["memory_bound"].map({True: True, False: False, "True": True, "False": False}).astype("boolean")
     df["error"] = df["error"].fillna("")

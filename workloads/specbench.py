@@ -14,6 +14,7 @@ import json
 import random
 from pathlib import Path
 
+from core.files import read_text
 from workloads.base import RequestSpec, Sample, WorkloadError
 from workloads.sampling import oversample
 from workloads.files import memo_by_file
@@ -27,19 +28,18 @@ DATA_HINT = ("Spec-Bench's data/spec_bench/question.jsonl, https://github.com/he
 def read_questions(path: Path) -> tuple[tuple[str, str], ...]:
     """(category, first turn) per question, in file order."""
     questions = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                q = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise WorkloadError(f"{path}: line {line_no}, column {e.colno}: not valid JSON: {e.msg}") from None
-            turns = q.get("turns") if isinstance(q, dict) else None
-            if not (isinstance(turns, list) and turns and isinstance(turns[0], str) and turns[0].strip()):
-                raise WorkloadError(f"{path}: line {line_no}: expected a 'turns' list whose first item is the "
-                                    "(non-empty) prompt text (Spec-Bench question.jsonl format)")
-            questions.append((str(q.get("category", "")), turns[0]))
+    for line_no, line in enumerate(read_text(path, "a Spec-Bench question.jsonl").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            q = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise WorkloadError(f"{path}: line {line_no}, column {e.colno}: not valid JSON: {e.msg}") from None
+        turns = q.get("turns") if isinstance(q, dict) else None
+        if not (isinstance(turns, list) and turns and isinstance(turns[0], str) and turns[0].strip()):
+            raise WorkloadError(f"{path}: line {line_no}: expected a 'turns' list whose first item is the "
+                                "(non-empty) prompt text (Spec-Bench question.jsonl format)")
+        questions.append((str(q.get("category", "")), turns[0]))
     if not questions:
         raise WorkloadError(f"{path}: no questions in the file")
     return tuple(questions)
