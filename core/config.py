@@ -246,7 +246,7 @@ class EngineConfig(_Strict):
     mamba_cache_mode: Literal["none", "align"] | None = None  # None: "align" with prefix caching, else "none"
     language_model_only: bool = False  # vLLM --language-model-only: no multimodal encoder dummy batch
     max_model_len: int | None = Field(None, gt=0)  # None: the model's max_model_len
-    # vLLM refuses a max_model_len above the model's own unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (docs/engine.md)
+    # vLLM refuses a max_model_len above the model's own unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (docs/vllm.md#startup-checks)
     allow_long_max_model_len: bool = False
     # vLLM's default with MTP (config/vllm.py): the next step is planned while one runs (docs/engine.md)
     async_scheduling: bool = True

@@ -42,7 +42,7 @@ def served_model(model: ModelConfig, engine: EngineConfig) -> ModelConfig:
     update = {"kv_dtype_bytes": engine.kv_dtype_bytes}
     if engine.max_model_len is not None:
         if engine.max_model_len > model.max_model_len and not engine.allow_long_max_model_len:
-            # vLLM's ModelConfig refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (docs/engine.md)
+            # vLLM's ModelConfig refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (docs/vllm.md#startup-checks)
             raise ConfigError(f"engine.max_model_len {engine.max_model_len:,} is above {model.name}'s maximum of "
                               f"{model.max_model_len:,} tokens; allowed: 1 to {model.max_model_len:,} (vLLM refuses "
                               "it too unless told otherwise: set engine.allow_long_max_model_len=true to override)")

@@ -84,7 +84,7 @@ class IdealPool(Pool):
 
 def check_one_request_fits(pool: Pool, max_model_len: int, tree: str) -> None:
     """vLLM refuses to start when its KV cache cannot hold one request of max_model_len
-    tokens (`check_enough_kv_cache_memory`, docs/engine.md): no request of that length
+    tokens (`check_enough_kv_cache_memory`, docs/vllm.md#startup-checks): no request of that length
     could ever run, so the simulation would only reject them."""
     need = pool.units_for(max_model_len)
     if need <= pool.capacity:
