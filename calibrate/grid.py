@@ -1,11 +1,11 @@
 """The measurement grid: which shapes each table is timed at, in full and --quick form.
 
-The issue's grid (B 1..512, verify positions 1..64, contexts 1K..32K, prefill chunks
+The base grid (B 1..512, verify positions 1..64, contexts 1K..32K, prefill chunks
 128..8192) plus what the simulator also reaches: 1.5x steps between powers of two
 on the first axis of every graph-mode table (for interpolation and the held-out
 check), 16384-token steps (the derived B200 profile schedules 16K tokens), and a
 256-token context (short chats). Eager mode, where small shapes time Python's
-launches, keeps the issue's 2x steps on the attention tables.
+launches, keeps the base grid's 2x steps on the attention tables.
 """
 from __future__ import annotations
 

@@ -194,7 +194,7 @@ def under_each_policy(ex: object, policies: Sequence, log: Callable[[str], None]
 def lowest_pass(passes: Sequence[Sequence[dict]]) -> list[dict]:
     """One table from several passes of it: per point (every field but the timings), the row of
     the pass whose median is lowest. The device's host runs in speed regimes that last from
-    seconds to minutes (calibrate/REPLAY.md); a single pass caught a switch mid-table (session 13:
+    seconds to minutes (calibrate/REPLAY.md); a single pass caught a switch mid-table (2026-12-01:
     reconstruct's gdn_verify 297 us at 16 requests, 545-568 at 64 and 128), and the lowest pass
     is the table at the fastest regime seen, the nominal host speed the replay's steps are scored at."""
     best: dict[tuple, dict] = {}

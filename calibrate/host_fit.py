@@ -4,7 +4,7 @@ host.csv times each op alone, issued over and over behind a busy GPU (calibrate.
 point from the fastest of several passes (calibrate.host.lowest_pass). Priced with those costs
 as measured, the replayed host-bound steps (mixed and prefill-only: their host issue time
 exceeds their GPU time) came out 11-22% short of their measured time at nominal host speed
-(host_fit.json's `unscaled`: bias by kind, session 13; with session 12's one-pass tables they
+(host_fit.json's `unscaled`: bias by kind; with the earlier one-pass tables they
 came out 25-63% long). The fit keeps the measured shape of
 every cost curve and scales each group of ops (sim.host_model.HOST_GROUPS) by one factor,
 chosen over GRID (a joint search of the two main groups, then coordinate descent) to minimise the summed median absolute error of the
@@ -30,12 +30,12 @@ from typing import Callable, Sequence
 from sim.host_model import HOST_GROUPS, HostCosts, pipeline
 
 # 0.3 .. 2.0: host tables kept from their lowest pass (calibrate.host.lowest_pass) price a step's
-# eager launches below what they cost inside it (session 13: eager 1.5, beyond the old 1.3 bound).
+# eager launches below what they cost inside it (the 2026-12-01 fit: eager 1.5, beyond the old 1.3 bound).
 GRID = tuple(round(0.3 + 0.05 * i, 2) for i in range(35))
 JOINT_STRIDE = 2  # the joint search takes every other grid value (0.1 apart); the descent all of them
 # A move must lower the objective by this much (percentage points), well under the sampling
 # error of the fitted medians (about 0.6-1.4 points for 50-270 steps): a group the steps barely
-# depend on keeps its measured cost instead of drifting on noise (session 13: graph replays and
+# depend on keeps its measured cost instead of drifting on noise (a fit without it sent graph replays and
 # drafter passes went to the grid's floor, 0.3, for 0.1 point, and to 1.95 in a held-out half).
 MIN_GAIN = 0.5
 FIT_KINDS = ("mixed_graph", "mixed_eager", "prefill_only")

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import torch
 
 ROTATE_BYTES = 512 << 20  # bytes: distinct data per graph, several times the 60 MB L2
-MIN_COPIES = 3  # the floor on rotated weight copies
+MIN_COPIES = 3  # fewest rotated weight copies, so a replay never re-reads a hot copy
 MAX_COPIES = 48
 
 

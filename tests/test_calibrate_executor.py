@@ -189,7 +189,8 @@ def test_pipelined_steps_keep_their_own_outputs():
 def test_every_gdn_layer_of_a_step_gets_the_same_cu_seqlens_object():
     """fla memoises its varlen indices by the identity of cu_seqlens and builds them with a
     synchronous host-to-device copy: a new tensor per layer would stall the host at every GDN
-    layer (round 3's mixed steps measured 80-165 ms for 34-53 ms of GPU work). One object per
+    layer (an executor that did so measured mixed steps at 80-165 ms
+    for 34-53 ms of GPU work). One object per
     step, as vLLM's metadata hands every layer."""
     ex = Executor(load_model("qwen3.5-35b-a3b"), load_policy("store_all"), device=torch.device("cpu"), max_requests=8,
                   max_context=200, max_num_seqs=8, max_num_batched_tokens=64, block_size=16,

@@ -18,7 +18,7 @@ GRID = Grid(tokens=(1, 2, 4, 8), decode_b=(1, 2, 4), decode_p=(1, 2, 4), decode_
 
 
 class ShapeCheckingKernel:
-    """Stands in for policies/kernels (timed by its own bench): checks the issue-2 signature's shapes."""
+    """Stands in for policies/kernels (timed by its own bench): checks the kernel interface's shapes."""
 
     calls = 0
 

@@ -143,7 +143,7 @@ class FakeGPU:
 
 @pytest.mark.parametrize("host_s, gpu_s", [(0.001, 0.03), (0.03, 0.005)])
 def test_async_timing_is_the_steady_state_period_gpu_time_included(host_s, gpu_s, monkeypatch):
-    # Round 3's bug: a collection (here 50 ms) between the first launch and the timer let the GPU
+    # A bug once seen: a collection (here 50 ms) between the first launch and the timer let the GPU
     # finish, and the step launched inside the timer was never waited for: ~host time only.
     monkeypatch.setattr(RP.gc, "collect", lambda *a: time.sleep(0.05))
     ex = FakeGPU(host_s, gpu_s)

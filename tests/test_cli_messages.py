@@ -1,4 +1,4 @@
-"""What a user reads: every error, hint and help text that issue 14 found unclear.
+"""What a user reads: every error, hint and help text, worded for someone who has not read the code.
 
 Each test runs the CLI as a user would (or the function behind it) and pins the line
 they get: the field it names, the command it suggests, the allowed values. A bad input

@@ -35,7 +35,7 @@ def test_rehearsal_child_runs_each_policy(tmp_path, policy, tree):
 
 def test_the_profiled_child_gets_every_required_option(tmp_path, monkeypatch):
     # The child is parsed by the same parser: a required option the parent did not pass made every
-    # profile fail before ncu saw a kernel (sessions 11-14).
+    # profile fail before ncu saw a kernel (every profile before the fix).
     ncu = tmp_path / "ncu"
     ncu.write_text("")
     monkeypatch.setattr(profile_case.shutil, "which", lambda _: str(ncu))

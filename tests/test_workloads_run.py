@@ -1,4 +1,4 @@
-"""Every named workload runs through `specsim run` (the issue's definition of done)."""
+"""Every named workload runs through `specsim run` (a workload is usable when it runs end to end)."""
 import json
 from pathlib import Path
 

@@ -27,7 +27,7 @@ class Tuning:
     block, and a deeper pipeline's shared-memory buffers cut the programs in flight per SM.
     """
     verify: str = "fused"
-    # Session 14's variants run (kernels_variants_run8.csv, 35B-A3B, B = 128 / 64, float32): 64 state
+    # The variants run of 2026-12-01 18:56 (kernels_variants_2026-12-01-1856.csv, 35B-A3B, B = 128 / 64, float32): 64 state
     # rows per verify program cut reconstruct's verify by 17-20% at every tree ((1,1,1) 203.6 ->
     # 163.0 us, (3,3,3) 1,069 -> 876, chain 64 805 -> 666), but slow reconstruct_deferred's (its
     # verify also applies and writes the pending commit: (1,1,1) 338.8 -> 433.9), which keeps 32
@@ -45,21 +45,21 @@ class Tuning:
     pending: str = "dot"
     # Register caps (Triton's maxnreg; 0: the compiler's choice). ncu (PROFILE.md): 138 / 130
     # registers allow 3 programs of 4 warps per SM; <= 128 allows 4, <= 96 five. 128 is run 5's
-    # fastest (kernels_variants_run5.csv: 5,601 us summed over its eight cases; no cap 6,457, 96 6,740).
+    # fastest (kernels_variants_2026-12-01-1319.csv: 5,601 us summed over its eight cases; no cap 6,457, 96 6,740).
     verify_maxnreg: int = 128
     commit_maxnreg: int = 128
     # The fused verify of trees it runs in 16-position blocks (more than 8 positions, or pack off):
-    # its own block, warps and register cap. ncu (session 15, results/calibration/h200/ncu/session15):
+    # its own block, warps and register cap. ncu (results/calibration/h200/ncu/2026-12-01):
     # at 128 registers the block loop spills past L1 ((3,3,3) at B = 128 wrote 438 MB to DRAM for
     # 126 MB of u and o), and its 61 KB of shared memory allow 3 programs per SM anyway, so 4
     # programs' worth of registers bought nothing. Capped at 168 (3 programs of 4 warps): run 11's
-    # variants (kernels_variants_run11.csv, 35B-A3B) verify (3,3,3) at B = 128 875.8 -> 733.7 us,
+    # variants (kernels_variants_2026-12-01-2117.csv, 35B-A3B) verify (3,3,3) at B = 128 875.8 -> 733.7 us,
     # chains at B = 64: 64 positions 660.5 -> 545.7, 16 positions 142.4 -> 134.6; no cap (2
     # programs) 2% slower summed, 32 rows or 8 warps slower.
     loop_bv: int = 64
     loop_warps: int = 4
     loop_maxnreg: int = 168
-    # Defaults: the fastest tuning of H200 round 1 (results/calibration/h200/kernels_variants.csv).
+    # Defaults: the fastest tuning of the first H200 variants run (results/calibration/h200/kernels_variants.csv).
     pack: bool = True
     prep: bool = True
     prec: str = "bf16x3"

@@ -11,7 +11,7 @@ from policies.kernels.inputs import chain, full, random_inputs, rel_err, star
 from policies.kernels.treewy import Tuning
 
 # Most informative first: a run cut by its time budget loses the tail. The default ("pp" in
-# round 1): bf16x3 products, k and q packed and the prep fused for small trees; the others
+# the first variants run, kernels_variants.csv): bf16x3 products, k and q packed and the prep fused for small trees; the others
 # vary one axis from there.
 VARIANTS: dict[str, Tuning] = {
     "default": Tuning(),
@@ -37,7 +37,7 @@ VARIANTS: dict[str, Tuning] = {
     "pp-commit-loop-bv16-w2": Tuning(commit="loop", commit_bv=16, commit_warps=2),
     "rows4-bv16-w1": Tuning(rows_max=4, verify_bv=16, verify_warps=1),
     "rows4-bv16-w2": Tuning(rows_max=4, verify_bv=16, verify_warps=2),
-    # The block loop (trees of more than 8 positions) spills at 128 registers (ncu, session 15): no
+    # The block loop (trees of more than 8 positions) spills at 128 registers (ncu, results/calibration/h200/ncu/2026-12-01): no
     # cap (2 programs per SM, none spilled), a cap at the 3 programs its shared memory allows, or
     # smaller or wider programs.
     "loop-r0": Tuning(loop_maxnreg=0),
@@ -47,7 +47,7 @@ VARIANTS: dict[str, Tuning] = {
     "loop-w8-r0": Tuning(loop_warps=8, loop_maxnreg=0),
     "loop-w8-r128": Tuning(loop_warps=8, loop_maxnreg=128),
 }
-# (tree name, parents, B) at 35B-A3B shapes: the targets.
+# (tree name, parents, B) at 35B-A3B shapes: the cases with a target (policies/kernels/README.md).
 VARIANT_CASES = (("1,1,1", tuple(full((1, 1, 1))), 128), ("3,3,3", tuple(full((3, 3, 3))), 128),
                  ("chain", tuple(chain(16)), 64), ("chain", tuple(chain(64)), 64))
 
