@@ -213,3 +213,18 @@ def test_conv_real_width(policy, fused):
     assert rel_err(torch.cat(y, -1) if fused else y, y_ref) < 2e-2
     new = new.conv_state if policy == "replay" else new
     assert rel_err(new, states[torch.arange(2), acc.long()]) < 1e-2
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape", ["vllm", "fla"])
+def test_none_decode_in_place_real_shapes(dtype, tol, shape):
+    """The baseline's one-token step (fla's kernel, state written over itself) against the float64 step."""
+    fr = pytest.importorskip("fla.ops.gated_delta_rule.fused_recurrent")
+    from policies.kernels.bench_fla import DECODE_SHAPES, decode_inplace, decode_reference
+    x = on_gpu(random_inputs([[-1]] * 5, hk=16, hv=32, dk=128, dv=128, seed=4, dtype=torch.bfloat16))
+    x["state"] = x["state"].to(dtype)
+    a_log, dt_bias = torch.rand(32, device="cuda") - 0.5, torch.rand(32, device="cuda") - 0.5
+    o_ref, s_ref = decode_reference(x, a_log, dt_bias)
+    o = torch.full_like(x["v"], float("nan"))
+    decode_inplace(fr.fused_recurrent_gated_delta_rule_fwd_kernel, x, a_log, dt_bias, o, *DECODE_SHAPES[shape])
+    assert rel_err(x["state"], s_ref) < tol and rel_err(o[:, 0], o_ref) < 1e-2

@@ -29,9 +29,9 @@ import torch
 
 from policies.kernels import treewy
 from policies.kernels.bench_cases import (BATCHES, FIELDS, KERNELS_B, MAX_FOOTPRINT, MODELS, POLICIES, REHEARSAL,
-                                          STATE_DTYPES, cases)
+                                          STATE_DTYPES, cases, none_cases)
 from policies.kernels.bench_extras import environment, kernels_vs_T, run_variants, summary
-from policies.kernels.bench_fla import fla_reference
+from policies.kernels.bench_fla import fla_reference, none_rows
 from policies.kernels.bench_merge import merge, variant_rows
 from policies.kernels.bench_policy import policy_variants, run_policy
 from policies.kernels.bench_timing import copy_bandwidth, recover
@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--git-commit", default=os.environ.get("GIT_COMMIT", "unknown"),
                     help="commit of the code measured (the device copy has no .git)")
     ap.add_argument("--policies", default=",".join(POLICIES),
-                    help=f"comma-separated policies to time (default: all of {','.join(POLICIES)}; empty: none)")
+                    help=f"comma-separated policies to time (default: all of {','.join(POLICIES)}; none: the "
+                         "no-speculation decode step; empty: no policy)")
     ap.add_argument("--state-dtype", default="float32",
                     help=f"comma-separated state dtypes of the main table ({','.join(STATE_DTYPES)})")
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)),
@@ -186,6 +187,17 @@ def main(argv: list[str] | None = None) -> int:
     with csv_path.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=FIELDS)
         w.writeheader()
+        if "none" in policies:  # the no-speculation baseline first: cheap, and every B of it
+            rows, prov["none"] = none_rows(none_cases(dtypes, (128, 1) if args.quick else batches,
+                                                      ("qwen3.5-35b-a3b",) if args.quick else models), copy_bw, modes, deadline,
+                                           f"time budget {args.budget_s:.0f} s")
+            skipped += prov["none"].get("skipped", []) or ([] if rows else [f"none: {prov['none'].get('reason')}"])
+            for r in rows:
+                w.writerow(r)
+                if r["mode"] == "graph":
+                    print(f"{r['model'][:14]:14} none           B={r['B']:<3} T=1   {r['state_dtype'][:4]} decode "
+                          f"{r['verify_us']:9.1f} us {r['pct_of_copy_bw']:5.1f}%", flush=True)
+            fh.flush()
         for c in cases(args.quick, dtypes, batches, models):
             if time.time() > deadline:
                 skipped.append(f"{c.model} B={c.B} T={c.T} {c.tree} {c.state_dtype}: not run "

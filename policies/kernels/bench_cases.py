@@ -29,7 +29,8 @@ if REHEARSAL:
 TREES = {"1,1,1": (1, 1, 1), "1,1,1,1,1,1,1": (1,) * 7, "2,2,2": (2, 2, 2), "3,3,3": (3, 3, 3),
          "4,4,4": (4, 4, 4)}
 CHAINS = (2, 16, 32, 64)      # extra chains (positions T), beside (1,1,1) = 4 and (1,)*7 = 8
-POLICIES = ("store_all", "reconstruct", "replay", "reconstruct_deferred")
+# "none": no speculation, one token a step (bench_fla.none_rows: the kernel vLLM runs for it).
+POLICIES = ("store_all", "reconstruct", "replay", "reconstruct_deferred", "none")
 STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # --reference-store-all: store_all timed beside a filtered run at these (model, tree, B)
 STORE_ALL_REFERENCE = {("qwen3.5-35b-a3b", "1,1,1", 64), ("qwen3.5-35b-a3b", "1,1,1", 128),
@@ -92,6 +93,16 @@ def _cases(quick: bool, batches: tuple[int, ...], models: tuple[str, ...]) -> li
     return out
 
 
+def none_cases(dtypes: tuple[str, ...], batches: tuple[int, ...], models: tuple[str, ...]) -> list[Case]:
+    """The no-speculation baseline's cases: one token (T = 1, no tree), in `cases`' order."""
+    out = []
+    for B in batches:
+        if REHEARSAL and B > 2:
+            B = 2 if B == 64 else 3
+        out += [Case(m, hk, hv, B, "", (-1,), d) for m, (hk, hv) in MODELS.items() if m in models for d in dtypes]
+    return out
+
+
 def sizes(c: Case) -> dict[str, int]:
     return dict(S=c.B * c.hv * D * D * STATE_DTYPES[c.state_dtype].itemsize,
                 inp=c.B * c.T * (2 * c.hk * D * 2 + c.hv * D * 2 + 2 * c.hv * 4),  # bf16 q,k,v; f32 g,beta
@@ -101,6 +112,8 @@ def sizes(c: Case) -> dict[str, int]:
 
 def policy_bytes(c: Case, policy: str, replayed: int, flush: bool) -> tuple[int, int]:
     s = sizes(c)
+    if policy == "none":  # the decode step reads the state and writes it back, nothing to commit
+        return 2 * s["S"] + s["inp"] + s["o"], 0
     if policy == "store_all":
         return s["S"] * (1 + c.T) + s["inp"] + s["o"], 2 * s["S"]
     if policy == "reconstruct":
