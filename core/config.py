@@ -21,7 +21,8 @@ REPO_ROOT = CONFIG_DIR.parent
 MiB = 1 << 20
 GiB = 1 << 30
 
-PolicyName = Literal["store_all", "reconstruct", "replay", "reconstruct_deferred"]
+# "none": no speculative decoding (the baseline), vLLM without --speculative-config.
+PolicyName = Literal["store_all", "reconstruct", "replay", "reconstruct_deferred", "none"]
 DType = Literal["float32", "bfloat16", "float16"]
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "bf16": 2, "fp8": 1}
 
@@ -303,6 +304,9 @@ class RunConfig(_Strict):
     num_requests: int = Field(1000, gt=0)
     seed: int = Field(0, ge=0, lt=2**63)  # numpy's SeedSequence takes non-negative integers
     trace_steps: bool = False  # write the per-step trace
+    # vLLM's num_speculative_tokens: None keeps the model's mtp_depth and the policy's tree;
+    # 0 is another spelling of policy "none"; K > 0 drafts a chain of K (sim.speculation).
+    num_speculative_tokens: int | None = Field(None, ge=0)
 
 
 # --------------------------------------------------------------------------- loading

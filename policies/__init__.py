@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from policies.base import CommitPolicy
+from policies.none import NoSpeculation
 from policies.reconstruct import Reconstruct
 from policies.reconstruct_deferred import ReconstructDeferred
 from policies.replay import Replay
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from core.config import ModelConfig, PolicyConfig
 
 POLICIES: dict[str, type[CommitPolicy]] = {"store_all": StoreAll, "reconstruct": Reconstruct, "replay": Replay,
-                                           "reconstruct_deferred": ReconstructDeferred}
+                                           "reconstruct_deferred": ReconstructDeferred, "none": NoSpeculation}
 
 
 def make_policy(model: "ModelConfig", cfg: "PolicyConfig") -> CommitPolicy:

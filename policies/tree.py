@@ -1,4 +1,6 @@
-"""Draft trees written as per-depth widths: (1,1,1) is a chain of 3, (3,3,3) has 39 nodes."""
+"""Draft trees written as per-depth widths: (1,1,1) is a chain of 3, (3,3,3) has 39 nodes.
+
+The empty tree () drafts nothing: the no-speculation baseline's, one position per step."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,7 +12,7 @@ class DraftTree:
     widths: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        if not self.widths or any(int(w) < 1 for w in self.widths):
+        if any(int(w) < 1 for w in self.widths):
             raise ValueError(f"draft_tree_widths must be positive ints, got {self.widths}")
 
     @classmethod

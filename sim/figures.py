@@ -44,14 +44,15 @@ from sim.report import (  # noqa: E402
     read_points_csv,
     write_report,
 )
+from sim import figure_speculation as spec  # noqa: E402
 
 TREE_AXIS = "policy_overrides.draft_tree_widths"
 LOAD_LABELS = {
     "client.max_concurrency": "maximum concurrency (requests)",
     "client.request_rate": "request rate (requests/s)",
 }
-COLORS = {"store_all": "#4c72b0", "reconstruct": "#dd8452", "replay": "#55a868"}
-MARKERS = {"store_all": "o", "reconstruct": "s", "replay": "^"}
+COLORS = {"store_all": "#4c72b0", "reconstruct": "#dd8452", "replay": "#55a868", "none": "#8172b3"}
+MARKERS = {"store_all": "o", "reconstruct": "s", "replay": "^", "none": "v"}
 CLASS_COLORS = {"memory-bound": "#c44e52", "slack": "#8c8c8c"}
 CLASS_LABELS = {"memory-bound": f"memory-bound ({BASELINE} exhausted the pool)", "slack": "slack (pool not exhausted)"}
 NOT_RUN_MARKER = "x"
@@ -419,7 +420,19 @@ def fig_trees(df: pd.DataFrame, manifest: dict[str, Any], fig_dir: Path) -> Sect
     return Section(title, "fig4_trees", note + (" " + caption if caption else ""), [("per tree and policy", table)])
 
 
-FIGURES = (fig_breakdown, fig_kv_usage, fig_latency_throughput, fig_trees)
+def fig_speculation(df: pd.DataFrame, manifest: dict[str, Any], fig_dir: Path) -> Section:
+    load_axis = manifest.get("load_axis")
+    table = spec.speculation_table(df, load_axis)
+    if table.empty:
+        return Section(spec.TITLE, None, spec.NOT_DRAWN, [])
+    fig, axes = spec.draw_speculation(table, LOAD_LABELS.get(load_axis, load_axis))
+    for ax in axes:
+        _ratio_ticks(ax)
+    _save(fig, fig_dir, spec.STEM)
+    return Section(spec.TITLE, spec.STEM, spec.note(table), [("per point", table)])
+
+
+FIGURES = (fig_breakdown, fig_kv_usage, fig_latency_throughput, fig_trees, fig_speculation)
 
 
 def _missing_sweep(sweep_dir: Path) -> str:

@@ -20,7 +20,8 @@ MiB = 1 << 20
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help=f"one of {', '.join(model_names())} or a model .yaml")
-    p.add_argument("--policy", default="store_all", help="commit policy (default store_all, vLLM's own)")
+    p.add_argument("--policy", default=None, help="commit policy, or none: no speculative decoding "
+                   "(default store_all, vLLM's own; none with --num-speculative-tokens 0)")
     p.add_argument("--tree", default=None,
                    help="per-depth widths, e.g. 1,1,1 or 3,3,3 (default: a chain of --num-speculative-tokens, "
                         "else the policy's)")
@@ -61,7 +62,17 @@ def main(args: argparse.Namespace) -> int:
     if args.kv_cache_memory_gib is not None and not args.kv_cache_memory_gib > 0:
         raise ConfigError(f"--kv-cache-memory-gib must be a positive number of GiB, got {args.kv_cache_memory_gib}")
     engine = _engine(args)
-    model = served_model(load_model(args.model, _model_overrides(args)), engine)
+    policy_name = args.policy or ("none" if args.num_speculative_tokens == 0 else "store_all")
+    if args.num_speculative_tokens == 0 and policy_name != "none":
+        raise ConfigError(f"--num-speculative-tokens 0 is the no-speculation baseline (--policy none); "
+                          f"it cannot run with --policy {policy_name}")
+    if policy_name == "none" and args.num_speculative_tokens:
+        raise ConfigError(f"--policy none drafts nothing; --num-speculative-tokens must be 0 or unset, "
+                          f"got {args.num_speculative_tokens}")
+    overrides = _model_overrides(args)
+    if policy_name == "none":
+        overrides["mtp_depth"] = 0  # vLLM builds no drafter without speculation (sim.speculation)
+    model = served_model(load_model(args.model, overrides), engine)
     widths = None
     if args.tree:
         try:
@@ -70,7 +81,7 @@ def main(args: argparse.Namespace) -> int:
             raise ConfigError(f"--tree: {e}") from None
     elif args.num_speculative_tokens:
         widths = [1] * args.num_speculative_tokens
-    policy = make_policy(model, load_policy(args.policy, {"draft_tree_widths": widths} if widths else {}))
+    policy = make_policy(model, load_policy(policy_name, {"draft_tree_widths": widths} if widths else {}))
     if model.mtp_depth and policy.tree.depth > model.mtp_depth:
         raise ConfigError(f"--tree {policy.tree} has depth {policy.tree.depth}, but {model.name} drafts only "
                           f"{model.mtp_depth} tokens (--num-speculative-tokens)")

@@ -78,7 +78,7 @@ def _policy_facts(config: dict[str, Any], cache: dict[str, tuple[str, int]]) -> 
     if sig not in cache:
         policy_cfg = load_policy(config["policy"], config.get("policy_overrides"))
         policy = make_policy(load_model(config["model"]), policy_cfg)
-        cache[sig] = (",".join(map(str, policy_cfg.draft_tree_widths)), policy.state_blocks_per_layer())
+        cache[sig] = (str(policy.tree), policy.state_blocks_per_layer())  # the tree `none` ignores is empty
     return cache[sig]
 
 

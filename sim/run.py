@@ -29,6 +29,7 @@ from sim.engine import EngineResult, run_engine
 from sim.latency_factory import make_latency_model
 from sim.metrics import EVENT_COLUMNS, STEP_COLUMNS, request_rows, summarize
 from sim.pool import check_one_request_fits, make_pool
+from sim.speculation import resolve_speculation, speculating_model
 from sim.step_trace import write_steps
 from workloads import Workload, load_workload, workload_names
 from workloads.arrivals import gamma_arrival_times, trace_arrival_times
@@ -68,9 +69,11 @@ def simulate(cfg: RunConfig, out_dir: Path | None = None) -> dict[str, Any]:
 
 
 def _simulate(cfg: RunConfig, staged: StagedOutput | None) -> dict[str, Any]:
-    model = served_model(load_model(cfg.model, cfg.model_overrides), cfg.engine)
+    cfg = resolve_speculation(cfg)
+    policy_cfg = load_policy(cfg.policy, cfg.policy_overrides)
+    model = served_model(speculating_model(load_model(cfg.model, cfg.model_overrides), policy_cfg), cfg.engine)
     hw = load_hardware(cfg.hardware)
-    policy = make_policy(model, load_policy(cfg.policy, cfg.policy_overrides))
+    policy = make_policy(model, policy_cfg)
     if policy.tree.depth > model.mtp_depth:
         raise ConfigError(f"policy {cfg.policy}: draft_tree_widths {list(policy.tree.widths)} has depth "
                           f"{policy.tree.depth}, but {model.name} drafts only mtp_depth = {model.mtp_depth} tokens")
@@ -149,6 +152,7 @@ FLAG_KEYS = {  # argparse dest -> dotted RunConfig key
     "gmu": "engine.gmu", "concurrency": "client.max_concurrency", "request_rate": "client.request_rate",
     "burstiness": "client.burstiness", "num_requests": "num_requests", "seed": "seed",
     "tree": "policy_overrides.draft_tree_widths", "allocator": "engine.allocator", "trace_steps": "trace_steps",
+    "num_speculative_tokens": "num_speculative_tokens",
 }
 
 
@@ -169,6 +173,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"(client.burstiness; default {d.client.burstiness:g})")
     p.add_argument("--num-requests", type=int, help=f"requests to sample from the workload (default {d.num_requests})")
     p.add_argument("--seed", type=int, help=f"seed of the request sample, arrivals and accepted lengths (default {d.seed})")
+    p.add_argument("--num-speculative-tokens", type=int, help="vLLM's num_speculative_tokens: 0 = no speculative "
+                   "decoding (the same as --policy none); K > 0 = K MTP drafts per step on a chain of K "
+                   "(default: the model's mtp_depth and the policy's tree)")
     p.add_argument("--tree", help="draft tree widths per depth, e.g. 1,1,1 or 3,3,3 (default: the policy's, 1,1,1)")
     p.add_argument("--allocator", choices=["paged", "ideal"], help="paged: vLLM's hybrid block pool; ideal: "
                    f"byte-exact, no block rounding (engine.allocator; default {d.engine.allocator})")

@@ -85,7 +85,7 @@ def test_bad_gmu(gmu):
 def test_unknown_names_list_valid_ones(capsys):
     assert cli(["memory", "--model", "qwen9", "--policy", "store_all"]) == 2
     assert "valid: qwen3-next-80b-a3b, qwen3.5-27b, qwen3.5-35b-a3b, qwen3.5-397b-a17b" in capsys.readouterr().err
-    with pytest.raises(ConfigError, match=r"valid: reconstruct, .*replay, store_all"):
+    with pytest.raises(ConfigError, match=r"valid: none, reconstruct, .*replay, store_all"):
         load_policy("greedy")
 
 
@@ -95,4 +95,4 @@ def test_bad_policy_field_names_file_and_field(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_policy(str(bad))
     msg = str(e.value)
-    assert str(bad) in msg and "mamba_state_commit" in msg and "'store_all', 'reconstruct', 'replay' or 'reconstruct_deferred'" in msg
+    assert str(bad) in msg and "mamba_state_commit" in msg and "'store_all', 'reconstruct', 'replay', 'reconstruct_deferred' or 'none'" in msg

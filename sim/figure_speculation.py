@@ -1,0 +1,84 @@
+"""Does speculative decoding pay at all? The sweep's `none` points against its speculating ones.
+
+At each point (every config field but the policy) the best speculating policy's output
+throughput is divided by the no-speculation baseline's; above 1x speculation pays there,
+and the table names the policy that wins. Drawn only when the grid crosses policy `none`.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from core.config import RunConfig
+from sim.report import _flatten
+from sim.speculation import NO_SPECULATION
+
+METRIC = "output_throughput_tok_s"
+STEM = "fig5_speculation"
+TITLE = "Does speculative decoding pay?"
+
+
+def speculation_table(df: pd.DataFrame, load_axis: str | None) -> pd.DataFrame:
+    """One row per point where `none` and at least one speculating policy ran."""
+    ok = df[df["status"] == "ok"]
+    if NO_SPECULATION not in set(ok["policy"]) or METRIC not in ok:
+        return pd.DataFrame()
+    # The same point: every config field but the policy and its tree (none pairs with every tree).
+    fields = set(_flatten(RunConfig().model_dump(mode="json")))
+    point = [c for c in ok.columns if (c in fields or c.startswith(("model_overrides.", "workload_overrides.")))
+             and c not in ("policy", "num_speculative_tokens")]
+    sig = ok[point].astype(str).apply(tuple, axis=1)
+    rows = []
+    for _, group in ok.groupby(sig, sort=False):
+        base = group[group["policy"] == NO_SPECULATION]
+        spec = group[group["policy"] != NO_SPECULATION]
+        if base.empty or spec.empty:
+            continue
+        best = spec.loc[spec[METRIC].idxmax()]
+        b = base.iloc[0]
+        row = {"model": b["model"], "gmu": b.get("engine.gmu")}
+        if load_axis and load_axis in b:
+            row["load"] = b[load_axis]
+        row.update({"none tok/s": b[METRIC], "best policy": best["policy"], "its tok/s": best[METRIC],
+                    "speedup": best[METRIC] / b[METRIC] if b[METRIC] else np.nan,
+                    "none p99 TTFT (s)": b.get("ttft_p99_s"), "its p99 TTFT (s)": best.get("ttft_p99_s")})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def draw_speculation(table: pd.DataFrame, load_label: str | None) -> tuple[plt.Figure, list[plt.Axes]]:
+    """One panel per model: the speedup against load, one line per gmu, each point named by its winner."""
+    models = list(dict.fromkeys(table["model"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models), 3.4), squeeze=False, layout="constrained")
+    x = "load" if "load" in table else None
+    for ax, model in zip(axes[0], models):
+        rows = table[table["model"] == model]
+        for gmu, g in rows.groupby("gmu", sort=True):
+            xs = g[x] if x else np.arange(len(g))
+            ax.plot(xs, g["speedup"], marker="o", label=f"gmu {gmu:g}")
+            for xv, yv, best in zip(xs, g["speedup"], g["best policy"]):
+                ax.annotate(best, (xv, yv), textcoords="offset points", xytext=(0, 5), ha="center", fontsize=6)
+        ax.axhline(1.0, color="black", lw=0.8, ls="--")
+        if x:
+            ax.set_xscale("log")
+            ax.set_xlabel(load_label or "load")
+        ax.set_yscale("log")
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(min(lo, 0.9), max(hi, 1.1) * 1.08)  # parity and the labels stay inside
+        ax.set_ylabel("best speculating policy / none\n(output tok/s, >1x: speculation pays)")
+        ax.set_title(model, fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle(TITLE, fontsize=11)
+    return fig, list(axes[0])
+
+
+def note(table: pd.DataFrame) -> str:
+    pays = int((table["speedup"] > 1).sum())
+    return (f"Output throughput of the best speculating policy at each point divided by the no-speculation "
+            f"baseline's (policy `{NO_SPECULATION}`, vLLM without a speculative config); the dashed line is parity. "
+            f"Speculation pays at {pays} of {len(table)} points.")
+
+
+NOT_DRAWN = (f"Not drawn: the grid has no policy `{NO_SPECULATION}` (no speculative decoding) point beside a "
+             "speculating one; add `none` to its policy axis.")
