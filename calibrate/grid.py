@@ -37,7 +37,7 @@ ACTIVATION_TOKENS = (2048, 4096, 8192, 16384)  # max_num_batched_tokens values t
 PARTS: dict[int, tuple[str, ...]] = {
     1: ("gdn", "attn_proj", "moe", "mlp", "lm_head", "mtp_fc"),
     2: ("attn_decode", "attn_prefill"),
-    3: ("memory", "step_check", "gdn_prefill", "gdn_decode_conv"),
+    3: ("memory", "step_check", "gdn_prefill", "gdn_decode_conv", "kernels"),
 }
 ALL_JOBS: tuple[str, ...] = tuple(j for part in PARTS.values() for j in part)
 FFN_JOBS = {False: "moe", True: "mlp"}  # the feed-forward table of an MoE model / a dense one

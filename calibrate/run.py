@@ -1,6 +1,7 @@
 """`specsim calibrate measure`: time every job of a model on this machine's GPU.
 
-Writes `<out>/<model>/<table>.csv`, `memory.json`, `step_check.csv` and appends this
+Writes `<out>/<model>/<table>.csv`, `memory.json`, `step_check.csv`, the model's policy kernels
+(`kernels.csv`, the kernel bench at its shard shapes) and appends this
 run to `<out>/<model>/provenance.json`. A job that fails is logged and skipped, so
 one bad table does not cost the whole device call; the exit status says so.
 """
@@ -14,13 +15,39 @@ from pathlib import Path
 from typing import Callable
 
 from core.config import HardwareConfig, ModelConfig, load_policy, policy_names
-from core.tables import DECODE_CONV, DECODE_CONV_COLUMNS, STEP_COLUMNS, write_rows
+from core.tables import DECODE_CONV, DECODE_CONV_COLUMNS, STEP_COLUMNS, read_rows, write_rows
 from calibrate import provenance
 from calibrate.fla import load_fla_chunk
 from calibrate.grid import FULL, QUICK, Grid, model_jobs
 
 
 GDN_PREFILL_DEADLINE_S = 45.0  # fla autotunes each new shape; bound the job's device time
+# The kernels job: the policies' verify and commit kernels at the model's shard shapes, the chain the
+# simulator runs by default and the widest study tree first, batches spread before they fill in.
+KERNEL_TREES = "1,1,1;3,3,3;2,2,2;chain"
+KERNEL_BATCHES = (8, 128, 1, 32, 256, 64)
+
+
+def kernel_rows(model: ModelConfig, mdir: Path, modes: tuple[str, ...], commit: str | None,
+                budget_s: float | None) -> int:
+    """Run the kernel bench (policies/kernels/bench.py) for this model alone into <model>/kernels.csv,
+    which the latency model reads before the GPU's shared kernels.csv; returns the rows written."""
+    from policies.kernels import bench
+    from policies.kernels.bench_cases import BATCHES
+
+    batches = ",".join(str(b) for b in KERNEL_BATCHES if b in BATCHES)
+    argv = ["--out", str(mdir), "--stem", "kernels", "--models", model.name, "--state-dtype", model.mamba_ssm_dtype,
+            "--modes", ",".join(modes), "--trees", KERNEL_TREES, "--batches", batches, "--no-fla",
+            "--kernel-ts", "", "--git-commit", commit or "unknown"]
+    if budget_s is not None:
+        argv += ["--budget-s", str(max(1.0, budget_s))]
+    try:
+        rc = bench.main(argv)
+    except SystemExit as e:  # argparse's refusal (e.g. a state dtype the kernels do not take)
+        rc = e.code
+    if rc:
+        raise RuntimeError(f"kernel bench {' '.join(argv)} exited {rc}")
+    return len(read_rows(mdir / "kernels.csv", ("model",)))
 
 
 def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: Path, *, quick: bool = False,
@@ -74,6 +101,14 @@ def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: 
                     rows = M.gdn_prefill_table(h, chunk_fn, deadline_s=GDN_PREFILL_DEADLINE_S)
                     write_rows(mdir / "gdn_prefill.csv", rows)
                     done[job] = len(rows)
+                elif job == "kernels":
+                    if not cuda:
+                        skipped.append("kernels: the kernel bench needs a CUDA GPU")
+                        log("skip kernels: the kernel bench needs a CUDA GPU")
+                        continue
+                    left = time_budget_s - (time.perf_counter() - t0) if time_budget_s is not None else None
+                    rows = kernel_rows(model, mdir, modes, commit, left)
+                    done[job] = rows
                 elif job == DECODE_CONV:
                     from calibrate.decode_conv import decode_conv_executor, gdn_decode_conv_table
 

@@ -29,7 +29,7 @@ import torch
 
 from policies.kernels import treewy
 from policies.kernels.bench_cases import (BATCHES, FIELDS, KERNELS_B, MAX_FOOTPRINT, MODELS, POLICIES, REHEARSAL,
-                                          STATE_DTYPES, cases, none_cases)
+                                          STATE_DTYPES, STUDY_MODELS, TREES, cases, none_cases)
 from policies.kernels.bench_extras import environment, kernels_vs_T, run_variants, summary
 from policies.kernels.bench_fla import fla_reference, none_rows
 from policies.kernels.bench_merge import merge, variant_rows
@@ -55,8 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)),
                     help="comma-separated batch sizes of the main table, in the order they run (a --budget-s cut "
                          "loses the last)")
-    ap.add_argument("--models", default=",".join(MODELS),
-                    help=f"comma-separated models of the main table (default: all of {','.join(MODELS)})")
+    ap.add_argument("--models", default=",".join(STUDY_MODELS),
+                    help=f"comma-separated models of the main table, of {','.join(MODELS)} (default: "
+                         f"{','.join(STUDY_MODELS)})")
+    ap.add_argument("--trees", default="",
+                    help=f"semicolon-separated trees of the main table, of {';'.join(TREES)};chain (default: all)")
     ap.add_argument("--modes", default="graph,eager",
                     help="comma-separated timing modes of the main table: graph (CUDA-graph replay: what the "
                          "pipeline pricing reads), eager (the old eager-sum pricing)")
@@ -125,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     models = tuple(m.strip() for m in args.models.split(",") if m.strip())
     if not models or any(m not in MODELS for m in models):
         ap.error(f"--models takes a comma-separated subset of {','.join(MODELS)}, got {args.models!r}")
+    trees = tuple(t for t in args.trees.split(";") if t) or (*TREES, "chain")
+    if any(t not in (*TREES, "chain") for t in trees):
+        ap.error(f"--trees takes a semicolon-separated subset of {';'.join(TREES)};chain, got {args.trees!r}")
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     if not modes or any(m not in ("graph", "eager") for m in modes):
         ap.error(f"--modes takes a comma-separated subset of graph,eager, got {args.modes!r}")
@@ -158,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     prov["policies"] = list(policies) + (["store_all (reference: 35B (1,1,1), B 64, 128; (3,3,3), B 128)"]
                                          if args.reference_store_all and "store_all" not in policies else [])
     prov["state_dtypes"] = list(dtypes)
-    prov["batches"], prov["modes"] = list(batches), list(modes)
+    prov["batches"], prov["modes"], prov["trees"] = list(batches), list(modes), list(trees)
     prov["tuning"] = treewy.TUNING.label()
     prov_path = args.out / f"{args.stem}_provenance.json"
     skipped: list[str] = []
@@ -198,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{r['model'][:14]:14} none           B={r['B']:<3} T=1   {r['state_dtype'][:4]} decode "
                           f"{r['verify_us']:9.1f} us {r['pct_of_copy_bw']:5.1f}%", flush=True)
             fh.flush()
-        for c in cases(args.quick, dtypes, batches, models):
+        for c in (c for c in cases(args.quick, dtypes, batches, models) if c.tree in trees):
             if time.time() > deadline:
                 skipped.append(f"{c.model} B={c.B} T={c.T} {c.tree} {c.state_dtype}: not run "
                                f"(time budget {args.budget_s:.0f} s)")

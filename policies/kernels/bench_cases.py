@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from core.config import load_model, model_names
 from policies.kernels.inputs import chain, full
 
 
@@ -16,14 +17,15 @@ from policies.kernels.inputs import chain, full
 REHEARSAL = os.environ.get("GDN_BENCH_REHEARSAL") == "1" and not torch.cuda.is_available()
 DEVICE = "cpu" if REHEARSAL else "cuda"
 D = 16 if REHEARSAL else 128  # head dim (d_k = d_v) of both models
-MODELS = {                    # per GDN layer on one GPU: (q/k heads, v heads)
-    "qwen3.5-35b-a3b": (16, 32),
-    "qwen3.5-397b-a17b": (2, 8),  # tensor parallel 8: 16/8 q/k heads, 64/8 v heads
-}
+# Per GDN layer on one GPU: (q/k heads, v heads) of every model config whose heads are D wide, at its
+# tensor-parallel shard (the 397B at TP 8: 16/8 q/k heads, 64/8 v heads).
+MODELS = {m.name: (m.gdn.num_k_heads // m.tensor_parallel, m.gdn.num_v_heads // m.tensor_parallel)
+          for m in map(load_model, model_names()) if m.gdn.head_k_dim == m.gdn.head_v_dim == 128}
+STUDY_MODELS = ("qwen3.5-35b-a3b", "qwen3.5-397b-a17b")  # the main table's default models
 BATCHES = (1, 8, 32, 64, 128, 256)
 KERNELS_B = 64                # batch of the kernel-by-kernel table
 if REHEARSAL:
-    MODELS = {"qwen3.5-35b-a3b": (1, 2), "qwen3.5-397b-a17b": (1, 1)}
+    MODELS = {m: (1, 2) if m == "qwen3.5-35b-a3b" else (1, 1) for m in MODELS}
     BATCHES = (1, 64, 128)
     KERNELS_B = 2
 TREES = {"1,1,1": (1, 1, 1), "1,1,1,1,1,1,1": (1,) * 7, "2,2,2": (2, 2, 2), "3,3,3": (3, 3, 3),
@@ -69,7 +71,7 @@ class Case:
 
 
 def cases(quick: bool, dtypes: tuple[str, ...] = ("float32",), batches: tuple[int, ...] = BATCHES,
-          models: tuple[str, ...] = tuple(MODELS)) -> list[Case]:
+          models: tuple[str, ...] = STUDY_MODELS) -> list[Case]:
     """Batches in the order given (smallest first by default), the models and state dtypes per
     batch: a run cut by --budget-s loses the last B. Quick: B = 128 (the targets) before B = 1."""
     return [dataclasses.replace(c, state_dtype=d) for c in _cases(quick, batches, models) for d in dtypes]
