@@ -104,7 +104,12 @@ class CalibratedLatencyModel:
             for kind in ("memory_bound", "compute_bound", "overhead"):
                 if kind not in self.scale:
                     raise TableError(f"hardware {hw.name}: derived profile lacks scaling.{kind}")
-        self.top_k_per_expert = model.moe.top_k / model.moe.num_experts
+        # The feed-forward table: a dense model's MLP (every weight read at any token count) or the MoE.
+        ffn = "mlp" if model.dense else "moe"
+        if (ffn, "graph") not in tables:
+            raise TableError(f"{model.name}: no {ffn}.csv among its tables (a "
+                             f"{'dense' if model.dense else 'MoE'} model's feed-forward block)")
+        self.top_k_per_expert = 0.0 if model.dense else model.moe.top_k / model.moe.num_experts
         self.q_per_kv = model.attention.num_q_heads // model.tensor_parallel / model.kv_heads_per_gpu
         self.nvlink_bw = hw.nvlink_bandwidth_gbs * 1e9
         self.nvlink_lat = hw.nvlink_latency_us * US
@@ -163,7 +168,9 @@ class CalibratedLatencyModel:
         if isinstance(policy, PolicyConfig):
             policy = make_policy(model, policy)
         tables = load_tables(mdir, extrapolate=extrapolate)
-        kernels = load_kernels(root / "kernels.csv", model, policy, extrapolate=extrapolate)
+        # The model's own kernel bench (calibrate measure's kernels job) before the GPU's shared table.
+        own = mdir / "kernels.csv"
+        kernels = load_kernels(own if own.exists() else root / "kernels.csv", model, policy, extrapolate=extrapolate)
         overhead = load_overhead(mdir)
         host = None
         if engine_cfg.latency_pricing == "pipeline":
@@ -189,6 +196,9 @@ class CalibratedLatencyModel:
         return self._t(table, mode, n) * self._f(n) if n > 0 else 0.0
 
     def _moe(self, mode: str, n: float) -> float:
+        """The feed-forward block of one layer over n tokens (the MoE, or a dense model's MLP)."""
+        if self.model.dense:
+            return self._tok("mlp", mode, n)
         if n <= 0:
             return 0.0
         touched = 1.0 - (1.0 - self.top_k_per_expert) ** n  # fraction of experts touched

@@ -29,7 +29,7 @@ def known(table, r):
         return 8.0 + 1e-3 * r["tokens"] + 1e-6 * r["tokens"] * r["ctx"]
     if table == "gdn_prefill_varlen":
         return 35.0 + 0.01 * r["tokens"] + 2.0 * r["seqs"]
-    return {"gdn": 20.0, "attn_proj": 15.0, "moe": 300.0, "lm_head": 250.0, "mtp_fc": 6.0,
+    return {"gdn": 20.0, "attn_proj": 15.0, "moe": 300.0, "mlp": 280.0, "lm_head": 250.0, "mtp_fc": 6.0,
             "gdn_prefill": 30.0}[table] + 0.01 * r["tokens"]
 
 
@@ -192,9 +192,38 @@ def test_missing_kernels_fall_back_and_say_so(tmp_path):
 
 
 def test_missing_table_is_an_error(tmp_path):
-    make_tables(tmp_path, skip=("moe",))
-    with pytest.raises(TableError, match="moe.csv: no such calibration table"):
+    make_tables(tmp_path, skip=("attn_proj",))
+    with pytest.raises(TableError, match="attn_proj.csv: no such calibration table"):
         load(tmp_path)
+
+
+def test_an_moe_model_needs_its_moe_table(tmp_path):
+    make_tables(tmp_path, skip=("moe",))  # the mlp table is there: a dense model's, not this one's
+    with pytest.raises(TableError, match="no moe.csv among its tables"):
+        load(tmp_path)
+
+
+def test_a_dense_model_prices_its_mlp_table_at_every_layer(tmp_path):
+    """The same step with a dense MLP where the MoE was: the mlp table times the layers, no routing factor."""
+    dense = load_model(MODEL).model_copy(update={"name": MODEL, "moe": None, "mlp": {"intermediate_size": 512}})
+    dense = type(dense).model_validate(dense.model_dump())
+    h = load_hardware("h200").model_copy(update={"calibration_dir": str(make_tables(tmp_path, skip=("moe",)))})
+    pol = make_policy(dense, load_policy("store_all"))
+    eng = EngineConfig(latency_pricing="eager_sum")
+    lm = CalibratedLatencyModel.load(dense, h, pol, eng, fallback=AnalyticLatencyModel(dense, h, pol, eng))
+    n = 16 * 4
+    t = lm.step_time(decode(16)).terms
+    assert t["moe"] * 1e6 == pytest.approx(40 * known("mlp", {"tokens": n}))
+    assert lm.sources.by_term["moe"] == "calibrated"
+
+
+def test_the_models_own_kernel_bench_comes_before_the_shared_table(tmp_path):
+    root = make_tables(tmp_path)
+    own = [{"model": MODEL, "policy": "store_all", "B": b, "T": 4, "tree": "1,1,1", "verify_us": 1000 + b,
+            "commit_us": 1.0, "total_us": 1001 + b, "mode": mode} for b in (1, 8, 64, 512) for mode in ("graph", "eager")]
+    write_csv(root / MODEL / "kernels.csv", own, tuple(own[0]))
+    t = load(root).step_time(decode(8)).terms
+    assert t["gdn_verify"] * 1e6 == pytest.approx(30 * 1008)
 
 
 def test_config_overhead_wins(tmp_path):
