@@ -20,6 +20,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from core.calibration_files import model_file
 from core.config import (CONFIG_DIR, REPO_ROOT, ConfigError, EngineConfig, GiB, HardwareConfig, MiB, ModelConfig,
                          load_model, validate)
 from policies import CommitPolicy
@@ -35,6 +36,7 @@ SAMPLER_ANCHOR_BYTES = 8.5 * GiB
 SAMPLER_ANCHOR_ROWS = 1024
 SAMPLER_ANCHOR_VOCAB = 248320
 PROFILE_PEAK_FILE = "profile_peak.json"  # written by calibrate/profile_peak.py
+MEMORY_FILE = "memory.json"  # the forward peaks the calibrator measured
 
 
 def served_model(model: ModelConfig, engine: EngineConfig) -> ModelConfig:
@@ -91,13 +93,13 @@ def estimated_sampler_bytes(model: ModelConfig, max_tokens: int, max_seqs: int) 
     return hidden + logits + int(sampler)
 
 
-def _calibration_dir(model: ModelConfig, hw: HardwareConfig) -> Path | None:
-    """The model's calibration folder, if its tables were measured at this tensor parallelism."""
+def _calibration_file(model: ModelConfig, hw: HardwareConfig, name: str) -> Path | None:
+    """One of the model's calibration files, if it exists and was measured at this tensor parallelism."""
     if not hw.calibration_dir:
         return None
-    path = REPO_ROOT / hw.calibration_dir / model.name
+    path = model_file(REPO_ROOT / hw.calibration_dir, model.name, name)
     yaml_path = CONFIG_DIR / "models" / f"{model.name}.yaml"
-    if not path.is_dir() or not yaml_path.exists():
+    if not path.is_file() or not yaml_path.exists():
         return None
     # The committed YAML's tensor parallelism is the one the calibrator measured at.
     return path if load_model(model.name).tensor_parallel == model.tensor_parallel else None
@@ -105,21 +107,21 @@ def _calibration_dir(model: ModelConfig, hw: HardwareConfig) -> Path | None:
 
 def calibrated_activation_bytes(model: ModelConfig, hw: HardwareConfig, max_tokens: int) -> int | None:
     """The forward peak the calibrator measured (memory.json) for this model and token budget, if any."""
-    path = _calibration_dir(model, hw)
-    if path is None or not (path / "memory.json").exists():
+    path = _calibration_file(model, hw, MEMORY_FILE)
+    if path is None:
         return None
-    data = json.loads((path / "memory.json").read_text())
+    data = json.loads(path.read_text())
     peaks = {int(k): int(v) for k, v in data.get("activation_peak_bytes", {}).items()}
     return peaks.get(max_tokens)
 
 
 def measured_profile_peak(model: ModelConfig, hw: HardwareConfig, max_tokens: int, max_seqs: int) -> dict | None:
     """The profile run calibrate/profile_peak.py measured at exactly these settings, if any."""
-    path = _calibration_dir(model, hw)
-    if path is None or not (path / PROFILE_PEAK_FILE).exists():
+    path = _calibration_file(model, hw, PROFILE_PEAK_FILE)
+    if path is None:
         return None
     spec = model.mtp_depth > 0
-    for p in json.loads((path / PROFILE_PEAK_FILE).read_text()).get("points", []):
+    for p in json.loads(path.read_text()).get("points", []):
         if (p.get("status") == "ok" and p["max_num_batched_tokens"] == max_tokens and p["max_num_seqs"] == max_seqs
                 and p["speculative"] == spec):
             return p

@@ -1,8 +1,8 @@
 """`specsim sweep`: run a grid of points in parallel, resumably, then write points.csv.
 
 One point is one `RunConfig`. Its result is stored as `points/<key>.json`, where the
-key hashes the resolved config together with the code version (the simulator's
-sources, configs and the hardware's calibration tables) and a fingerprint of the
+key hashes the resolved config together with the code version (`sim/code_version.py`: the
+simulator's sources, configs and the calibration tables it reads) and a fingerprint of the
 workload's requests, so an edit to any of them makes stale points miss. Only this (parent) process writes files, each through a
 temporary file, fsync and `os.replace`: an interrupted sweep leaves whole point files
 or none, and a rerun skips them. Points run in a process pool, or on a Dask cluster
@@ -30,51 +30,19 @@ from typing import Any
 
 from tqdm import tqdm
 
-from core.config import CONFIG_DIR, REPO_ROOT, ConfigError, RunConfig, load_hardware, parse_set
+from core.config import CONFIG_DIR, REPO_ROOT, ConfigError, RunConfig, parse_set
 from core.files import FolderLock, atomic_write_text
+from sim.code_version import code_version
 from sim.grid import Grid, load_grid
 
 Simulate = Callable[[RunConfig], dict[str, Any]]
 STATUSES = ("ok", "failed", "infeasible")
 DASK_CONNECT_TIMEOUT_S = 5
-# Modules that only run or post-process a sweep: editing them cannot change a point.
-NOT_SIMULATOR = {"sim/sweep.py", "sim/grid.py", "sim/figures.py", "sim/report.py", "sim/readme.py", "sim/cli.py"}
 FAILED_SHOWN = 10  # failed points named on the terminal; points.csv has them all
 PROGRESS_LINES = 4  # without a terminal, progress is this many plain lines (25%, 50%, ...)
 
 
-# --------------------------------------------------------------------- code version
-def _source_files(hardware: str) -> list[Path]:
-    files = [p for p in (REPO_ROOT / "sim").rglob("*.py") if p.relative_to(REPO_ROOT).as_posix() not in NOT_SIMULATOR]
-    files += list((REPO_ROOT / "core").rglob("*.py"))
-    files += [p for p in (REPO_ROOT / "policies").rglob("*.py") if "kernels" not in p.relative_to(REPO_ROOT).parts]
-    files += list((REPO_ROOT / "workloads").rglob("*.py"))
-    # Grids only choose points, and every chosen value is in the point's own key; files at the
-    # top of configs/ are examples (run.example.yaml) that no point reads.
-    files += [p for p in CONFIG_DIR.rglob("*")
-              if p.is_file() and p.parent != CONFIG_DIR and "grids" not in p.relative_to(CONFIG_DIR).parts]
-    hw = load_hardware(hardware)
-    if hw.calibration_dir and (cal := REPO_ROOT / hw.calibration_dir).is_dir():
-        files += [p for p in cal.rglob("*") if p.is_file()]
-    return sorted(set(files))
-
-
-_versions: dict[str, str] = {}
-
-
-def code_version(hardware: str) -> str:
-    """Hash of everything a point's result depends on besides its config."""
-    if hardware not in _versions:
-        h = hashlib.sha256()
-        for path in _source_files(hardware):
-            if "__pycache__" in path.parts:
-                continue
-            h.update(path.relative_to(REPO_ROOT).as_posix().encode() + b"\0")
-            h.update(path.read_bytes() + b"\0")
-        _versions[hardware] = h.hexdigest()[:16]
-    return _versions[hardware]
-
-
+# ------------------------------------------------------------------------ point keys
 def point_key(cfg: RunConfig, version: str) -> str:
     """`version`: the code version, plus the fingerprint of the point's workload data."""
     text = json.dumps(cfg.model_dump(mode="json"), sort_keys=True) + "\n" + version

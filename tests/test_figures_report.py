@@ -11,6 +11,7 @@ import pytest
 
 from core.config import ConfigError
 import sim.sweep as sweep
+from sim.code_version import code_version
 from sim.cli import main as cli
 from sim.figures import make_figures
 from sim import readme
@@ -55,7 +56,7 @@ def test_paper_figures_and_report(tmp_path, monkeypatch):
     assert all((out / "figures" / f).read_bytes()[:4] in (b"\x89PNG", b"%PDF") for f in figures)
     report = (out / "report.md").read_text()
     assert "command: `specsim sweep --workload synthetic-fixed --grid " in report
-    assert f"code version: `{sweep.code_version('h200')}`" in report
+    assert f"code version: `{code_version('h200')}`" in report
     assert "Step latencies came from: **analytic** (27 points)" in report
     # The 397B model does not fit at gmu 0.6: one row naming the error and its 9 points.
     assert "| infeasible | 9 | qwen3.5-397b-a17b | h200 | 0.6 | store_all, reconstruct, replay |" in report
