@@ -29,7 +29,7 @@ help:
 	@echo "make test                      fast CPU tests (kernels through TRITON_INTERPRET=1)"
 	@echo "make test-slow / test-gpu      long tests / tests that need a CUDA GPU"
 	@echo "make bench-sim                 simulator speed; make bench-kernels GPU_PY=python3 on a GPU"
-	@echo "make calibrate GPU_PY=python3  measure layers on a GPU into results/calibration/$(GPU)"
+	@echo "make calibrate GPU_PY=python3  measure layers on a GPU into results/calibration/$(GPU) (MODEL=<name>: one model)"
 	@echo "make docs                      rerun the README's sweeps and runs into docs/ and rewrite its numbers"
 	@echo "make replay-steps              the 18 traced runs that calibrate replay executes (runs/replay/)"
 
@@ -77,8 +77,9 @@ bench-sim: venv
 bench-kernels:
 	$(GPU_PY) -m policies.kernels.bench --out results/calibration/$(GPU)
 
+# MODEL=<name>: one model config (e.g. one `specsim model import` wrote), at its tensor-parallel shard shapes.
 calibrate:
-	$(GPU_PY) -m sim calibrate measure --gpu $(GPU) $(CALIBRATE_ARGS)
+	$(GPU_PY) -m sim calibrate measure --gpu $(GPU) $(if $(MODEL),--model $(MODEL)) $(CALIBRATE_ARGS)
 
 calibrate-validate: venv
 	$(PY) -m sim calibrate validate --gpu $(GPU)

@@ -58,6 +58,7 @@ def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: 
 
     from calibrate import measure as M
     from calibrate import stepcheck
+    from calibrate.host import HostProbe
     from calibrate.shapes import LayerShapes
     from calibrate.timing import copy_bandwidth_gbs, matmul_tflops
 
@@ -72,6 +73,10 @@ def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: 
     bw = copy_bandwidth_gbs(dev) if cuda else hw.hbm_bandwidth_gbs
     tflops = matmul_tflops(dev) if cuda else hw.bf16_tflops
     log(f"{model.name} on {env['gpu']}: copy {bw:.0f} GB/s, bf16 matmul {tflops:.0f} TFLOP/s; jobs {', '.join(jobs)}")
+    # The host's launch speed before and after the tables (it drifts within a call): each row's host_us is
+    # read against it.
+    probe = HostProbe(dev) if cuda else None
+    probes = {"start": probe()} if probe else {}
     h = M.Harness(LayerShapes.from_model(model), grid, dev, modes, bw, tflops, log=log,
                   rotate_bytes=M.ROTATE_BYTES if cuda else 0, min_copies=3 if cuda else 1)
     mdir = out / model.name
@@ -136,6 +141,8 @@ def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: 
     part = {**env, "git_commit": commit, "command": " ".join(sys.argv), "grid": "quick" if quick else "full",
             "modes": list(modes), "copy_bandwidth_gbs": round(bw, 1), "matmul_tflops": round(tflops, 1),
             "jobs": done, "skipped": skipped, "errors": errors, "wall_s": round(time.perf_counter() - t0, 1)}
+    if probe:
+        part["host_probe_us"] = {**probes, "end": probe()}
     part["device_time_s"] = part["wall_s"]  # this command's GPU time; merge replaces it with a lease's figure
     prov = provenance.read(mdir / "provenance.json")
     prov.setdefault("parts", []).append(part)
