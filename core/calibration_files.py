@@ -22,6 +22,7 @@ MODEL_FILES = (
     "step_check.csv",  # the per-step host overhead
     "host.csv", "host_policies.csv", "host_fit.json",  # the host model
     "memory.json", "profile_peak.json",  # the profile run's peak in the memory budget
+    "kernels.csv",  # the model's own kernel bench (calibrate measure's kernels job), before the GPU's
 )
 
 

@@ -56,6 +56,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from core.calibration_files import gpu_file, model_file
 from core.config import REPO_ROOT, EngineConfig, HardwareConfig, ModelConfig, PolicyConfig, load_hardware
 from core.interp import Curve1D, GridInterpolator, from_rows
 from core.tables import DECODE_CONV, DECODE_CONV_COLUMNS, STEP_COLUMNS, TABLES, TableError, read_rows
@@ -169,8 +170,9 @@ class CalibratedLatencyModel:
             policy = make_policy(model, policy)
         tables = load_tables(mdir, extrapolate=extrapolate)
         # The model's own kernel bench (calibrate measure's kernels job) before the GPU's shared table.
-        own = mdir / "kernels.csv"
-        kernels = load_kernels(own if own.exists() else root / "kernels.csv", model, policy, extrapolate=extrapolate)
+        own = model_file(root, model.name, "kernels.csv")
+        kernels = load_kernels(own if own.exists() else gpu_file(root, "kernels.csv"), model, policy,
+                               extrapolate=extrapolate)
         overhead = load_overhead(mdir)
         host = None
         if engine_cfg.latency_pricing == "pipeline":
