@@ -285,10 +285,19 @@ class ClientConfig(_Strict):
     max_concurrency: int | None = Field(None, gt=0)  # closed loop when set
     request_rate: float | None = Field(None, gt=0)  # requests/s; None with no trace: all at t=0
     burstiness: float = Field(1.0, gt=0)  # Gamma shape; 1 = Poisson
+    # How request_rate spaces the sends: "gamma" = vLLM's serving benchmark (burstiness above),
+    # "constant" = guidellm's constant profile, request i at i / rate (workloads/arrivals.py)
+    arrival_process: Literal["gamma", "constant"] = "gamma"
     use_trace_arrivals: bool = False  # replay the workload's own timestamps
     time_scale: float = Field(1.0, gt=0)  # trace replay: multiply gaps by this
     # Seconds a request spends outside the engine (HTTP both ways, tokenisation): unmeasured, so 0
     round_trip_s: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _constant_needs_rate(self) -> "ClientConfig":
+        if self.arrival_process == "constant" and self.request_rate is None:
+            raise ValueError("arrival_process 'constant' spaces sends at 1 / request_rate: set client.request_rate")
+        return self
 
 
 class RunConfig(_Strict):

@@ -32,7 +32,7 @@ from sim.pool import check_one_request_fits, make_pool
 from sim.speculation import resolve_speculation, speculating_model
 from sim.step_trace import write_steps
 from workloads import Workload, load_workload, workload_names
-from workloads.arrivals import gamma_arrival_times, trace_arrival_times
+from workloads.arrivals import constant_arrival_times, gamma_arrival_times, trace_arrival_times
 
 ARRIVAL_STREAM = 1  # spawn key of the arrival-time stream (acceptance streams use (seed, request_id))
 
@@ -46,6 +46,8 @@ def _arrivals(cfg: RunConfig, workload: Workload) -> tuple[np.ndarray | None, st
     c = cfg.client
     if c.use_trace_arrivals or (workload.arrival == "trace" and c.request_rate is None and c.max_concurrency is None):
         return trace_arrival_times(workload.requests, c.time_scale), "trace"
+    if c.request_rate is not None and c.arrival_process == "constant":
+        return constant_arrival_times(len(workload.requests), c.request_rate), "constant"
     if c.request_rate is not None:
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(cfg.seed, spawn_key=(ARRIVAL_STREAM,))))
         kind = "poisson" if c.burstiness == 1.0 else "gamma"

@@ -1,4 +1,5 @@
-"""Open-loop send times, as vLLM's serving benchmark draws them, and trace replay.
+"""Open-loop send times, as vLLM's serving benchmark draws them or guidellm's constant profile
+spaces them, and trace replay.
 
 Closed loop (a maximum concurrency) is the engine client's semaphore, not a schedule.
 
@@ -34,6 +35,17 @@ def gamma_arrival_times(n: int, rate: float, burstiness: float, rng: np.random.G
         return np.zeros(n)
     t = np.cumsum(rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n))
     return t * (n / rate / t[-1])
+
+
+def constant_arrival_times(n: int, rate: float) -> np.ndarray:
+    """guidellm's constant profile (`AsyncConstantStrategy.next_request_time`, no ramp-up): the
+    i-th request (i from 1, a counter shared by its worker processes) is due at i / rate after
+    the benchmark starts, whether or not earlier ones have finished."""
+    if n < 0:
+        raise WorkloadError(f"number of requests must be >= 0, got {n}")
+    if not (rate > 0 and math.isfinite(rate)):
+        raise WorkloadError(f"request_rate must be a finite number > 0 requests/s for a constant rate, got {rate}")
+    return np.arange(1, n + 1, dtype=float) / rate
 
 
 def trace_arrival_times(requests: Sequence[RequestSpec], time_scale: float) -> np.ndarray:

