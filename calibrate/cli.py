@@ -163,7 +163,8 @@ def _merge(args: argparse.Namespace) -> int:
                 modes = _merge_csv(f, target / f.name, new_modes)
                 if modes:
                     kept[f.name] = modes
-            elif f.suffix in (".csv",) or f.name in ("memory.json", "replay_summary.json", "replay_check.json"):
+            elif f.suffix in (".csv",) or f.name in ("memory.json", "replay_summary.json", "replay_check.json",
+                                                     "profile_peak.json", "kernels_provenance.json"):
                 shutil.copy2(f, target / f.name)
         for part in new.get("parts", []):
             if args.device_time_s:  # the whole device call's time (machine start included), shared by its models
