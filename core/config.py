@@ -300,6 +300,20 @@ class ClientConfig(_Strict):
         return self
 
 
+class MeasureConfig(_Strict):
+    """Which requests the latency statistics cover: a run starts empty and, in an open loop,
+    ends as its last arrivals drain, so a steady-state measurement leaves out the first and
+    last requests by arrival order (the whole run counts by default)."""
+    warmup_fraction: float = Field(0.0, ge=0, lt=1)
+    cooldown_fraction: float = Field(0.0, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _leaves_requests(self) -> "MeasureConfig":
+        if self.warmup_fraction + self.cooldown_fraction >= 1:
+            raise ValueError("warmup_fraction + cooldown_fraction must be < 1 (they would exclude every request)")
+        return self
+
+
 class RunConfig(_Strict):
     model: str = "qwen3.5-35b-a3b"
     hardware: str = "h200"
@@ -310,6 +324,7 @@ class RunConfig(_Strict):
     model_overrides: dict[str, Any] = Field(default_factory=dict)  # ModelConfig fields, e.g. mamba_ssm_dtype
     engine: EngineConfig = Field(default_factory=EngineConfig)
     client: ClientConfig = Field(default_factory=ClientConfig)
+    measure: MeasureConfig = Field(default_factory=MeasureConfig)
     num_requests: int = Field(1000, gt=0)
     seed: int = Field(0, ge=0, lt=2**63)  # numpy's SeedSequence takes non-negative integers
     trace_steps: bool = False  # write the per-step trace

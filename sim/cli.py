@@ -15,6 +15,7 @@ from core.errors import ConfigError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("sim.run", "simulate one configuration; with --out, write summary.json + requests.csv + config.yaml"),
     "sweep": ("sim.sweep", "run a grid of configurations in parallel, resumably"),
+    "plan": ("sim.plan", "the highest request rate each configuration sustains under SLOs; GPUs for a target load"),
     "figures": ("sim.figures", "draw the breakdown figures and report.md of a sweep"),
     "report": ("sim.readme", "print the README's numbers from the committed outputs in docs/"),
     "memory": ("sim.memory_cli", "per-sequence memory facts and the pool geometry"),

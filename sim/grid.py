@@ -77,7 +77,8 @@ def check_field(path: str, source: str) -> None:
     raise ConfigError(f"{source}: unknown grid field {path!r}; valid: {', '.join(valid_fields())}")
 
 
-def _set(data: dict[str, Any], path: str, value: Any) -> None:
+def set_field(data: dict[str, Any], path: str, value: Any) -> None:
+    """Set a dotted RunConfig path (`engine.gmu`) in a nested dict of config data."""
     *parents, last = path.split(".")
     for p in parents:
         data = data.setdefault(p, {})
@@ -105,7 +106,7 @@ class Grid:
         for assignment in self.assignments():
             data: dict[str, Any] = {"workload": workload}
             for path, value in assignment.items():
-                _set(data, path, value)
+                set_field(data, path, value)
             points.append(validate(RunConfig, data, f"{self.path}: point {assignment}"))
         _check_names(points)
         return points

@@ -106,13 +106,26 @@ def request_rows(requests: Sequence[Request]) -> list[dict[str, Any]]:
     return rows
 
 
-def summarize(requests: Sequence[Request], steps: StepLog, duration_s: float) -> dict[str, Any]:
+def measured(requests: Sequence[Request], warmup_fraction: float = 0.0,
+             cooldown_fraction: float = 0.0) -> list[Request]:
+    """The requests a steady-state measurement covers: all but the first `warmup_fraction`
+    and the last `cooldown_fraction` of them by arrival time (ties by request id)."""
+    ordered = sorted(requests, key=lambda r: (r.arrival_s, r.rid))
+    n = len(ordered)
+    return ordered[int(warmup_fraction * n): n - int(cooldown_fraction * n)]
+
+
+def summarize(requests: Sequence[Request], steps: StepLog, duration_s: float,
+              warmup_fraction: float = 0.0, cooldown_fraction: float = 0.0) -> dict[str, Any]:
+    """Counts, throughput and pool use over the whole run; the latency statistics
+    (TTFT, TPOT, ITL, E2E) over the `measured` requests only."""
     done = [r for r in requests if r.status is Status.FINISHED]
     rejected = [r for r in requests if r.status is Status.REJECTED]
-    ttft = [r.first_token_s - r.send_s for r in done]
-    e2e = [r.finish_s - r.send_s for r in done]
-    tpot = [(r.finish_s - r.first_token_s) / (r.output - 1) for r in done if r.output > 1]
-    itl = [g for r in done for g in np.diff(r.token_times).tolist()]
+    window = [r for r in measured(requests, warmup_fraction, cooldown_fraction) if r.status is Status.FINISHED]
+    ttft = [r.first_token_s - r.send_s for r in window]
+    e2e = [r.finish_s - r.send_s for r in window]
+    tpot = [(r.finish_s - r.first_token_s) / (r.output - 1) for r in window if r.output > 1]
+    itl = [g for r in window for g in np.diff(r.token_times).tolist()]
     out_tokens = sum(r.generated for r in done)
     spec_steps = sum(r.spec_steps for r in requests)
     n_steps = len(steps)

@@ -27,7 +27,7 @@ from sim.acceptance import AcceptanceModel
 from sim.budget import block_layout, memory_budget, served_model
 from sim.engine import EngineResult, run_engine
 from sim.latency_factory import make_latency_model
-from sim.metrics import EVENT_COLUMNS, STEP_COLUMNS, request_rows, summarize
+from sim.metrics import EVENT_COLUMNS, STEP_COLUMNS, measured, request_rows, summarize
 from sim.pool import check_one_request_fits, make_pool
 from sim.speculation import resolve_speculation, speculating_model
 from sim.step_trace import write_steps
@@ -89,6 +89,7 @@ def _simulate(cfg: RunConfig, staged: StagedOutput | None) -> dict[str, Any]:
                                  f"workload {workload.name} acceptance")
     latency = make_latency_model(model, hw, policy, eng)
     arrivals, arrival_kind = _arrivals(cfg, workload)
+    window = (cfg.measure.warmup_fraction, cfg.measure.cooldown_fraction)
     result = run_engine(
         workload.requests, pool=pool, policy=policy, latency=latency, acceptance=acceptance,
         max_num_batched_tokens=eng.max_num_batched_tokens or hw.max_num_batched_tokens,
@@ -101,7 +102,9 @@ def _simulate(cfg: RunConfig, staged: StagedOutput | None) -> dict[str, Any]:
         "workload": workload.name, "gmu": eng.gmu, "max_concurrency": cfg.client.max_concurrency,
         "request_rate": cfg.client.request_rate, "arrival": arrival_kind,
         "num_requests": len(workload.requests), "seed": cfg.seed,
-        **summarize(result.requests, result.steps, result.duration_s),
+        **summarize(result.requests, result.steps, result.duration_s, *window),
+        # requests the latency statistics cover (completed or not): cfg.measure's window
+        "measured_requests": len(measured(result.requests, *window)),
         "latency_source": latency.sources.summary(),
         "latency_terms": dict(latency.sources.by_term),
         "acceptance_source": acceptance.source,

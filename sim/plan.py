@@ -1,0 +1,180 @@
+"""`specsim plan`: the highest request rate each configuration sustains under SLOs, and how
+many GPUs a target load needs.
+
+    specsim plan --workload sharegpt --slo ttft_p99=2s --slo tpot_mean=50ms \\
+        --gmu 0.75 0.9 --max-num-seqs 128 256 --rate 100
+
+For every candidate (policy x tree x gmu x max_num_seqs x max_num_batched_tokens) the
+search (sim.plan_search) brackets and bisects the Poisson request rate, or the
+workload's own arrivals time-scaled (`--arrivals trace`), to `--tolerance`; each probe
+compares runs of N and 2N requests without their warm-up and cool-down requests.
+Probe runs are sweep points stored under `OUT/points` (sim.sweep), so a rerun resumes.
+Writes plan.csv, plan.json, plan.png / plan.pdf and report.md to `--out`.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from core.config import REPO_ROOT, ConfigError, RunConfig, load_hardware, policy_names
+from policies import DraftTree
+from sim.grid import check_field
+from sim.plan_run import (Candidate, CandidateResult, PlanSettings, Prepared, best, candidates, dense_capacity, dense_rates,
+                          dense_sweep, none_met_message, run_plan)
+from sim.plan_search import check_tolerance
+from sim.plan_slo import parse_slos
+from sim.code_version import code_version
+from sim.sweep import connect_dask, git_describe, parse_sets, run_sweep
+
+# Fields the planner sets per candidate or probe: `--set` may not fix them.
+OWNED = {"policy": "--policy", "policy_overrides.draft_tree_widths": "--tree", "engine.gmu": "--gmu",
+         "engine.max_num_seqs": "--max-num-seqs", "engine.max_num_batched_tokens": "--max-num-batched-tokens",
+         "client.request_rate": "the search", "client.max_concurrency": "nothing (a plan is an open loop)",
+         "client.use_trace_arrivals": "--arrivals", "client.time_scale": "the search", "num_requests": "--num-requests",
+         "measure.warmup_fraction": "--warmup", "measure.cooldown_fraction": "--cooldown",
+         "client.burstiness": "--burstiness", "seed": "--seed", "model": "--model", "hardware": "--hardware"}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = RunConfig()
+    p.add_argument("--workload", required=True, help="workload name (configs/workloads/) or a path to its YAML")
+    p.add_argument("--slo", action="append", default=[], metavar="NAME=BOUND", required=True,
+                   help="an upper bound every probe must meet, e.g. ttft_p99=2s, tpot_mean=50ms, p99_itl=200ms, "
+                        "e2el_median=20s (metric ttft|tpot|itl|e2el, statistic mean|median|p90|p99, unit s|ms|us; "
+                        "repeatable)")
+    p.add_argument("--model", default=d.model, help="model (configs/models/)")
+    p.add_argument("--hardware", default=d.hardware, help="GPU profile (configs/hardware/)")
+    p.add_argument("--policy", nargs="+", default=None, help="candidate policies (default: every policy in "
+                   "configs/policies/, the one that does not speculate included)")
+    p.add_argument("--tree", nargs="+", default=[], help="candidate draft trees for the speculative policies, "
+                   "e.g. 1,1,1 3,3,3 (default: each policy's own)")
+    p.add_argument("--gmu", nargs="+", type=float, default=[d.engine.gmu], help="candidate GPU memory utilisations")
+    p.add_argument("--max-num-seqs", nargs="+", type=int, default=None,
+                   help="candidate max_num_seqs values (default: the hardware's)")
+    p.add_argument("--max-num-batched-tokens", nargs="+", type=int, default=None,
+                   help="candidate max_num_batched_tokens values (default: the hardware's)")
+    p.add_argument("--rate", type=float, default=None, help="target load in requests/s: report.md says how many GPUs "
+                   "(data-parallel replicas) each policy needs for it")
+    p.add_argument("--tolerance", type=float, default=0.05, help="relative tolerance of each capacity: the search "
+                   "stops when (lowest failing rate - highest passing rate) / highest passing <= this")
+    p.add_argument("--num-requests", type=int, default=1000, help="requests of a probe's shorter run (the longer: twice)")
+    p.add_argument("--max-requests", type=int, default=None, help="longest run a probe may double to before it is "
+                   "judged not steady (default: 4 x --num-requests)")
+    p.add_argument("--warmup", type=float, default=0.1, help="share of a run's first arrivals left out of its metrics")
+    p.add_argument("--cooldown", type=float, default=0.1, help="share of a run's last arrivals left out of its metrics")
+    p.add_argument("--stability", type=float, default=0.1, help="a probe is steady when each SLO metric moves by at "
+                   "most this share of its bound between N and 2N requests")
+    p.add_argument("--start-rate", type=float, default=1.0, help="first rate probed, requests/s")
+    p.add_argument("--min-rate", type=float, default=None, help="lowest rate probed (default: --start-rate / 1024)")
+    p.add_argument("--max-rate", type=float, default=None, help="highest rate probed (default: --start-rate x 1024)")
+    p.add_argument("--arrivals", choices=["poisson", "trace"], default="poisson",
+                   help="poisson: Poisson arrivals at the rate; trace: the workload's own timestamps, time-scaled "
+                        "to the rate (BurstGPT, Azure traces)")
+    p.add_argument("--burstiness", type=float, default=d.client.burstiness,
+                   help="Gamma shape of the arrival gaps with --arrivals poisson (1 = Poisson)")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the request sample, arrivals and acceptance")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="fix another RunConfig field for every probe, e.g. engine.kv_cache_dtype=fp8 (repeatable)")
+    p.add_argument("--dense-check", action="store_true", help="also probe the best configuration on a rate grid of "
+                   "step (1 + tolerance) from half to twice its capacity, and report whether the two agree")
+    p.add_argument("--out", default=None, help="plan folder (default: results/plans/<workload>)")
+    p.add_argument("--jobs", type=int, default=None, help="worker processes (default: all cores)")
+    p.add_argument("--dask-scheduler", default=None, metavar="ADDRESS", help="run probes on this Dask scheduler")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
+
+
+def _trees(texts: list[str]) -> list[tuple[int, ...]]:
+    out = []
+    for text in texts:
+        try:
+            out.append(tuple(DraftTree.parse(text).widths))
+        except ValueError as e:
+            raise ConfigError(f"--tree {text}: {e}") from None
+    return out
+
+
+def _base(args: argparse.Namespace) -> dict[str, Any]:
+    base: dict[str, Any] = {"model": args.model, "hardware": args.hardware, "seed": args.seed,
+                            "client.burstiness": args.burstiness, "measure.warmup_fraction": args.warmup,
+                            "measure.cooldown_fraction": args.cooldown}
+    for field, value in parse_sets(args.set).items():
+        if field in OWNED:
+            raise ConfigError(f"--set {field}: the plan sets this field; use {OWNED[field]}")
+        check_field(field, "--set")
+        base[field] = value
+    return base
+
+
+def settings_from(args: argparse.Namespace) -> PlanSettings:
+    check_tolerance(args.tolerance)
+    if args.num_requests < 10:
+        raise ConfigError(f"--num-requests {args.num_requests}: a probe needs at least 10 requests per run")
+    if args.rate is not None and args.rate <= 0:
+        raise ConfigError(f"--rate {args.rate:g}: the target load must be > 0 requests/s")
+    start = args.start_rate
+    if start <= 0:
+        raise ConfigError(f"--start-rate {start:g}: must be > 0 requests/s")
+    return PlanSettings(
+        workload=args.workload, base=_base(args), slos=parse_slos(args.slo), tolerance=args.tolerance,
+        num_requests=args.num_requests, max_requests=args.max_requests or 4 * args.num_requests,
+        stability=args.stability, start_rate=start, min_rate=args.min_rate or start / 1024,
+        max_rate=args.max_rate or start * 1024, arrivals=args.arrivals)
+
+
+def candidates_from(args: argparse.Namespace) -> list[Candidate]:
+    hw = load_hardware(args.hardware)
+    return candidates(args.policy or policy_names(), _trees(args.tree), args.gmu,
+                      args.max_num_seqs or [hw.max_num_seqs], args.max_num_batched_tokens or [hw.max_num_batched_tokens])
+
+
+def main(args: argparse.Namespace) -> int:
+    from sim.plan_output import write_outputs
+
+    settings = settings_from(args)
+    cands = candidates_from(args)
+    out = Path(args.out) if args.out else REPO_ROOT / "results" / "plans" / Path(args.workload).stem
+    if args.jobs is not None and args.jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1 (worker processes), got {args.jobs}")
+    if args.dask_scheduler:  # fail on a bad address before any work
+        connect_dask(args.dask_scheduler).close()
+    prepare = Prepared()
+    # Each round forks a fresh pool: import the simulator here once, so workers start with it.
+    import sim.run  # noqa: F401
+    progress = not args.no_progress
+    log = (lambda line: print(line, file=sys.stderr, flush=True)) if progress else (lambda line: None)
+
+    def evaluate(configs: list[RunConfig]) -> list[dict[str, Any]]:
+        # a bar per round on a terminal; in a log, the round's one line is enough
+        result = run_sweep(configs, out, jobs=args.jobs, dask_scheduler=args.dask_scheduler, prepare=prepare,
+                           progress=progress and sys.stderr.isatty())
+        log(f"plan:   {result.ran} run, {result.cached} cached, in {result.wall_s:.1f} s")
+        return result.records
+
+    results = run_plan(cands, settings, evaluate, log)
+    searched = [r for r in results if r.status in ("found", "above_max", "none_met")]
+    if searched and all(r.status == "none_met" for r in searched):
+        raise ConfigError(f"no candidate meets the SLOs at any rate: {none_met_message(searched[0])}")
+    dense = None
+    if args.dense_check:
+        dense = _dense_check(results, settings, evaluate, log)
+    write_outputs(out, results, settings, args, dense, code_version(args.hardware), git_describe())
+    top = best(results)
+    print(f"best: {top.candidate.label}: {top.capacity / top.gpus:.4g} req/s per GPU\n"
+          f"wrote {out / 'plan.csv'}, plan.json, plan.png, plan.pdf, report.md", file=sys.stderr)
+    return 0
+
+
+def _dense_check(results: list[CandidateResult], settings: PlanSettings, evaluate: Any, log: Any) -> dict[str, Any]:
+    top = best(results)
+    if top.status != "found":
+        raise ConfigError(f"--dense-check needs a configuration with a capacity inside [--min-rate, --max-rate]; "
+                          f"the best, {top.candidate.label}, is {top.status}")
+    rates = dense_rates(top.capacity, settings.tolerance)
+    log(f"plan: dense check of {top.candidate.label}: {len(rates)} rates from {rates[0]:g} to {rates[-1]:g} req/s")
+    verdicts = dense_sweep(top.candidate, rates, settings, evaluate)
+    capacity = dense_capacity(verdicts)
+    return {"candidate": top.candidate.label, "plan_capacity": top.capacity, "dense_capacity": capacity,
+            "rates": rates, "verdicts": verdicts,
+            "agrees": abs(capacity - top.capacity) <= settings.tolerance * max(capacity, top.capacity)}

@@ -1,0 +1,50 @@
+"""plan.png / plan.pdf: for each policy's best configuration, each SLO metric against the
+request rate, with the SLO's bound and the configuration's capacity marked."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
+
+from sim.figures import _color, _marker, _save  # noqa: E402
+from sim.plan_run import CandidateResult, PlanSettings, policy_best  # noqa: E402
+from sim.plan_slo import format_seconds  # noqa: E402
+
+
+def draw(results: list[CandidateResult], settings: PlanSettings, out: Path, title: str) -> None:
+    slos = settings.slos
+    fig, axes = plt.subplots(1, len(slos), figsize=(5.2 * len(slos), 4.2), squeeze=False)
+    shown = [r for r in policy_best(results) if r.verdicts]
+    for ax, slo in zip(axes[0], slos):
+        for r in shown:
+            points = [(v.rate, slo.value(v.summary), v.met) for v in r.verdicts if slo.value(v.summary) is not None]
+            if not points:
+                continue
+            color, marker = _color(r.candidate.policy), _marker(r.candidate.policy)
+            rates, values, met = zip(*points)
+            ax.plot(rates, values, color=color, linewidth=1.2, zorder=2)
+            ax.scatter(rates, values, color=[color if m else "white" for m in met], edgecolor=color,
+                       marker=marker, s=30, zorder=3)
+            if r.capacity > 0:
+                ax.axvline(r.capacity, color=color, linestyle=":", linewidth=1.2)
+        ax.axhline(slo.bound_s, color="black", linestyle="--", linewidth=1.0)
+        ax.text(0.01, slo.bound_s, f" SLO {slo}", transform=ax.get_yaxis_transform(), va="bottom", fontsize=8)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_seconds(v)))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+        ax.set_xlabel("request rate per replica (req/s)")
+        ax.set_ylabel(slo.name)
+        ax.grid(True, which="major", alpha=0.3)
+    handles = [plt.Line2D([], [], color=_color(r.candidate.policy), marker=_marker(r.candidate.policy),
+                          label=f"{r.candidate.label}: {r.capacity:.3g} req/s") for r in shown]
+    handles += [plt.Line2D([], [], color="grey", linestyle=":", label="capacity (dotted)"),
+                plt.Line2D([], [], color="grey", marker="o", markerfacecolor="white", linestyle="",
+                           label="probe that fails: an SLO broken, or still growing at the longest run (hollow)")]
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=1, fontsize=8, frameon=False)
+    fig.suptitle(f"Capacity under SLOs: {title}", fontsize=11)
+    fig.tight_layout()
+    _save(fig, out, "plan")

@@ -1,0 +1,303 @@
+"""`specsim plan`'s driver: candidate configurations, their probes as sweep points, the rounds.
+
+Every probe run is a `RunConfig`, run and cached by `sim.sweep.run_sweep` exactly as a
+sweep point is (same key: the resolved config, the code version, the workload's
+fingerprint), so a rerun with one more candidate, a finer tolerance or a longer
+`max_requests` runs only the probes it has not stored. The searches of all candidates
+advance together: each round collects every candidate's next probe runs into one batch
+for the process pool (or Dask cluster).
+"""
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.config import ConfigError, RunConfig, load_model, load_policy, validate
+from sim.grid import set_field
+from sim.plan_search import CapacitySearch, Probe, Verdict, round_rate
+from sim.plan_slo import Slo
+from sim.sweep import warm_workloads, workload_signature
+
+Evaluate = Callable[[list[RunConfig]], list[dict[str, Any]]]  # configs -> sweep records, in order
+NO_SPECULATION = "none"  # the state-commit name of the policy that does not speculate
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration whose capacity the plan finds."""
+    policy: str
+    tree: tuple[int, ...] | None  # None: no speculation
+    gmu: float
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+    def assignment(self) -> dict[str, Any]:
+        a: dict[str, Any] = {"policy": self.policy, "engine.gmu": self.gmu, "engine.max_num_seqs": self.max_num_seqs,
+                             "engine.max_num_batched_tokens": self.max_num_batched_tokens}
+        if self.tree is not None:
+            a["policy_overrides.draft_tree_widths"] = list(self.tree)
+        return a
+
+    @property
+    def tree_label(self) -> str:
+        return "no speculation" if self.tree is None else ",".join(map(str, self.tree))
+
+    @property
+    def label(self) -> str:
+        tree = f"tree {self.tree_label}, " if self.tree else ""
+        return (f"{self.policy} ({tree}gmu {self.gmu:g}, max_num_seqs {self.max_num_seqs}, "
+                f"max_num_batched_tokens {self.max_num_batched_tokens})")
+
+
+def speculates(policy: str) -> bool:
+    return load_policy(policy).mamba_state_commit != NO_SPECULATION
+
+
+def candidates(policies: list[str], trees: list[tuple[int, ...]], gmus: list[float],
+               max_num_seqs: list[int], max_num_batched_tokens: list[int]) -> list[Candidate]:
+    """The cross product, in the order given; a policy that does not speculate takes no tree,
+    and without `trees` each speculative policy keeps its own (its YAML's draft_tree_widths)."""
+    out: list[Candidate] = []
+    for policy in dict.fromkeys(policies):
+        shapes: list[tuple[int, ...] | None] = [None]
+        if speculates(policy):
+            shapes = list(dict.fromkeys(trees)) or [tuple(load_policy(policy).draft_tree_widths)]
+        for tree in shapes:
+            for gmu in dict.fromkeys(gmus):
+                for seqs in dict.fromkeys(max_num_seqs):
+                    for tokens in dict.fromkeys(max_num_batched_tokens):
+                        out.append(Candidate(policy, tree, gmu, seqs, tokens))
+    return out
+
+
+# ------------------------------------------------------------------------- settings
+@dataclass(frozen=True)
+class PlanSettings:
+    workload: str
+    base: dict[str, Any]  # dotted RunConfig path -> value, the same for every probe run
+    slos: list[Slo]
+    tolerance: float
+    num_requests: int  # the shorter length of a probe (the longer is twice this)
+    max_requests: int
+    stability: float  # a steady probe's SLO metrics move by at most this x their bound
+    start_rate: float
+    min_rate: float
+    max_rate: float
+    arrivals: str  # "poisson" or "trace" (the workload's own timestamps, time-scaled)
+
+    def __post_init__(self) -> None:
+        if self.max_requests < 2 * self.num_requests:
+            raise ConfigError(f"--max-requests {self.max_requests} must be at least twice --num-requests "
+                              f"{self.num_requests}: a probe compares N and 2N requests")
+        if not 0 < self.stability < 1:
+            raise ConfigError(f"--stability {self.stability:g} must be in (0, 1): the share of each SLO's bound "
+                              "its metric may move between two lengths")
+
+
+class TraceRates:
+    """Trace arrivals at a target rate: the trace's gaps scaled by its own rate / the target."""
+
+    def __init__(self, settings: PlanSettings) -> None:
+        self.settings = settings
+        self._native: dict[int, float] = {}
+
+    def native_rate(self, num_requests: int) -> float:
+        if num_requests not in self._native:
+            from workloads import load_workload
+
+            s = self.settings
+            w = load_workload(s.workload, num_requests, int(s.base.get("seed", 0)), s.base.get("workload_overrides", {}))
+            times = [r.arrival_s for r in w.requests]
+            if w.arrival != "trace" or any(t is None for t in times):
+                raise ConfigError(f"--arrivals trace: workload {s.workload} has no arrival timestamps "
+                                  f"(its arrival is {w.arrival!r}); use --arrivals poisson")
+            span = max(times) - min(times)
+            if span <= 0:
+                raise ConfigError(f"--arrivals trace: the first {num_requests} requests of {s.workload} "
+                                  "arrive at one instant; a rate cannot scale them")
+            self._native[num_requests] = (len(times) - 1) / span
+        return self._native[num_requests]
+
+
+def probe_config(settings: PlanSettings, cand: Candidate, rate: float, num_requests: int,
+                 trace: TraceRates | None = None) -> RunConfig:
+    data: dict[str, Any] = {"workload": settings.workload}
+    client: dict[str, Any] = {"client.request_rate": rate}
+    if settings.arrivals == "trace":
+        assert trace is not None
+        client = {"client.use_trace_arrivals": True, "client.time_scale": trace.native_rate(num_requests) / rate}
+    for path, value in {**settings.base, **cand.assignment(), "num_requests": num_requests, **client}.items():
+        set_field(data, path, value)
+    return validate(RunConfig, data, f"plan probe ({cand.label}, {rate:g} req/s, {num_requests} requests)")
+
+
+def gpus_per_replica(cfg: RunConfig) -> int:
+    return load_model(cfg.model, cfg.model_overrides).tensor_parallel
+
+
+# --------------------------------------------------------------------------- rounds
+@dataclass
+class CandidateResult:
+    candidate: Candidate
+    search: CapacitySearch
+    slos: list[Slo]
+    probes: dict[float, Probe] = field(default_factory=dict)
+    status: str = "searching"  # then found | none_met | above_max | infeasible | failed
+    error: str = ""
+    gpus: int = 1  # per data-parallel replica (the model's tensor parallelism)
+
+    @property
+    def verdicts(self) -> list[Verdict]:
+        return sorted((p.verdict for p in self.probes.values() if p.verdict), key=lambda v: v.rate)
+
+    def verdict_at(self, rate: float | None) -> Verdict | None:
+        probe = self.probes.get(rate) if rate is not None else None
+        return probe.verdict if probe else None
+
+    @property
+    def capacity(self) -> float:
+        """Requests per second per replica at which every SLO holds (0 if none does)."""
+        if self.status in ("found", "above_max") and self.search.passed is not None:
+            return self.search.passed
+        return 0.0
+
+    @property
+    def binding(self) -> str:
+        """The SLO that breaks first above the capacity: the most violated at the failing rate."""
+        v = self.verdict_at(self.search.failed)
+        if v is None or not v.violated:
+            return ""
+        return max((s for s in self.slos if s.name in v.violated), key=lambda s: _ratio(v, s)).name
+
+    def replicas_for(self, rate: float) -> int | None:
+        return math.ceil(rate / self.capacity - 1e-9) if self.capacity > 0 else None
+
+
+def best(results: list[CandidateResult]) -> CandidateResult:
+    """The configuration with the highest capacity per GPU (the first of equals)."""
+    return max(results, key=lambda r: r.capacity / r.gpus)
+
+
+def policy_best(results: list[CandidateResult]) -> list[CandidateResult]:
+    """Each policy's configuration with the highest capacity per GPU, in first-seen order."""
+    by_policy: dict[str, CandidateResult] = {}
+    for r in results:
+        held = by_policy.get(r.candidate.policy)
+        if held is None or r.capacity / r.gpus > held.capacity / held.gpus:
+            by_policy[r.candidate.policy] = r
+    return list(by_policy.values())
+
+
+def _ratio(v: Verdict, slo: Slo) -> float:
+    value = slo.value(v.summary)
+    return math.inf if value is None else value / slo.bound_s
+
+
+class Prepared:
+    """warm_workloads once per distinct workload sample across all rounds."""
+
+    def __init__(self) -> None:
+        self.prints: dict[str, str] = {}
+
+    def __call__(self, configs: list[RunConfig]) -> dict[str, str]:
+        new = {workload_signature(c): c for c in configs if workload_signature(c) not in self.prints}
+        self.prints.update(warm_workloads(list(new.values())))
+        return self.prints
+
+
+def run_plan(cands: list[Candidate], settings: PlanSettings, evaluate: Evaluate,
+             log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> list[CandidateResult]:
+    """Search every candidate's capacity; returns one result per candidate, in order."""
+    s = settings
+    trace = TraceRates(s) if s.arrivals == "trace" else None
+    results = [CandidateResult(c, CapacitySearch(s.start_rate, s.tolerance, s.min_rate, s.max_rate), s.slos)
+               for c in cands]
+    for r in results:
+        r.gpus = gpus_per_replica(probe_config(s, r.candidate, s.start_rate, s.num_requests, trace))
+    rounds = 0
+    while True:
+        batch: list[tuple[CandidateResult, Probe, int]] = []
+        for r in results:
+            if r.status != "searching":
+                continue
+            rate = r.search.next_rate()
+            if rate is None:
+                r.status = r.search.outcome or "found"
+                log(f"plan: {r.candidate.label}: {describe(r)}")
+                continue
+            probe = r.probes.setdefault(rate, Probe(rate, s.slos, s.num_requests, s.max_requests, s.stability))
+            batch += [(r, probe, n) for n in probe.pending()]
+        if not batch:
+            return results
+        rounds += 1
+        searching = sum(r.status == "searching" for r in results)
+        log(f"plan: round {rounds}: {len(batch)} runs for {searching} of {len(results)} configurations still searching")
+        records = evaluate([probe_config(s, r.candidate, p.rate, n, trace) for r, p, n in batch])
+        for (r, probe, n), rec in zip(batch, records):
+            if r.status != "searching":
+                continue
+            if rec["status"] != "ok":  # infeasible (does not fit the memory) or failed: no rate helps
+                r.status, r.error = rec["status"], rec.get("error") or ""
+                log(f"plan: {r.candidate.label}: {r.status}: {r.error}")
+                continue
+            probe.add(n, rec["summary"])
+            if probe.verdict and probe.rate not in r.search.tried:
+                r.search.record(probe.rate, probe.verdict.met)
+
+
+def describe(r: CandidateResult) -> str:
+    if r.status == "found":
+        return f"{r.capacity:.4g} req/s per replica ({r.binding} binds above it)"
+    if r.status == "above_max":
+        return f"every SLO holds up to --max-rate {r.search.max_rate:g} req/s, the highest rate tried"
+    if r.status == "none_met":
+        return none_met_message(r)
+    return f"{r.status}: {r.error}"
+
+
+def none_met_message(r: CandidateResult) -> str:
+    """Which SLO fails at the lowest rate tried, with its value there."""
+    v = r.verdict_at(r.search.failed)
+    assert v is not None
+    parts = []
+    for slo in r.slos:
+        if slo.name in v.violated:
+            value = slo.value(v.summary)
+            shown = "no value (no request measured it)" if value is None else f"{value:.4g} s"
+            parts.append(f"{slo} is not met at the lowest rate tried, {v.rate:g} req/s: {slo.name} = {shown}"
+                         + (f" ({v.note})" if v.note and slo.name in v.note else ""))
+    return "; ".join(parts)
+
+
+def dense_rates(capacity: float, tolerance: float, span: float = 2.0) -> list[float]:
+    """A rate grid from capacity / span to capacity x span in steps of (1 + tolerance)."""
+    lo, n = capacity / span, math.ceil(math.log(span * span) / math.log1p(tolerance))
+    return sorted({round_rate(lo * (1 + tolerance) ** i) for i in range(n + 1)})
+
+
+def dense_capacity(verdicts: list[Verdict]) -> float:
+    """The highest grid rate below which every rate of the grid met every SLO (0 if the first fails)."""
+    best = 0.0
+    for v in sorted(verdicts, key=lambda v: v.rate):
+        if not v.met:
+            break
+        best = v.rate
+    return best
+
+
+def dense_sweep(cand: Candidate, rates: list[float], settings: PlanSettings, evaluate: Evaluate) -> list[Verdict]:
+    """Probe every rate of a grid (the same steady-state probe as the search's)."""
+    s = settings
+    trace = TraceRates(s) if s.arrivals == "trace" else None
+    probes = [Probe(rate, s.slos, s.num_requests, s.max_requests, s.stability) for rate in rates]
+    while batch := [(p, n) for p in probes for n in p.pending()]:
+        records = evaluate([probe_config(s, cand, p.rate, n, trace) for p, n in batch])
+        for (p, n), rec in zip(batch, records):
+            if rec["status"] != "ok":
+                raise ConfigError(f"dense check of {cand.label}: the run at {p.rate:g} req/s is {rec['status']}: "
+                                  f"{rec.get('error')}")
+            p.add(n, rec["summary"])
+    return [p.verdict for p in probes if p.verdict]

@@ -1,0 +1,172 @@
+"""`specsim plan`'s search on a stub simulation of known capacity: bracketing and bisection
+to the tolerance, the steady-state probe, caching of probes as sweep points."""
+import math
+
+import pytest
+
+from core.config import ConfigError, RunConfig
+from sim.plan_run import Candidate, PlanSettings, best, candidates, dense_capacity, dense_rates, run_plan
+from sim.plan_search import CapacitySearch, Probe, check_tolerance
+from sim.plan_slo import parse_slos
+from sim.sweep import run_sweep
+
+BASE_TTFT = 0.1  # s, an idle engine's p99 TTFT in the stub
+SLOS = parse_slos(["ttft_p99=1s", "tpot_mean=50ms"])
+
+
+def saturation(cfg: RunConfig) -> float:
+    """The stub engine's service rate (req/s): replay serves 30% more, a larger gmu more."""
+    return 20.0 * cfg.engine.gmu * (1.3 if cfg.policy == "replay" else 1.0)
+
+
+def capacity_of(cfg: RunConfig) -> float:
+    """Where the stub's p99 TTFT = BASE_TTFT / (1 - rate / saturation) reaches the 1 s SLO."""
+    return 0.9 * saturation(cfg)
+
+
+def stub_simulate(cfg: RunConfig) -> dict:
+    """Below saturation TTFT settles (M/M/1-like); above it the queue grows with the run's length."""
+    rate, mu = cfg.client.request_rate, saturation(cfg)
+    if rate < mu:
+        ttft = BASE_TTFT / (1 - rate / mu)
+    else:
+        ttft = BASE_TTFT * 10 + (rate - mu) / rate * cfg.num_requests / mu
+    return {"ttft_p99_s": ttft, "tpot_mean_s": 0.02, "request_throughput": min(rate, mu), "completed": cfg.num_requests}
+
+
+def no_prepare(configs):
+    return {}
+
+
+def settings(**kw) -> PlanSettings:
+    args = dict(workload="synthetic-fixed", base={"seed": 0}, slos=SLOS, tolerance=0.02, num_requests=100,
+                max_requests=400, stability=0.1, start_rate=1.0, min_rate=1 / 64, max_rate=1024.0, arrivals="poisson")
+    return PlanSettings(**{**args, **kw})
+
+
+class Counter:
+    """evaluate() over run_sweep with the stub; counts the runs that were not cached."""
+
+    def __init__(self, out):
+        self.out, self.ran, self.cached = out, 0, 0
+
+    def __call__(self, configs):
+        res = run_sweep(configs, self.out, jobs=2, simulate=stub_simulate, prepare=no_prepare, progress=False)
+        self.ran += res.ran
+        self.cached += res.cached
+        return res.records
+
+
+def cands(policies=("store_all", "replay"), gmus=(0.6, 0.9)):
+    return candidates(list(policies), [], list(gmus), [256], [8192])
+
+
+def test_search_finds_the_known_capacity_to_its_tolerance(tmp_path):
+    s = settings()
+    results = run_plan(cands(), s, Counter(tmp_path), log=lambda line: None)
+    for r in results:
+        cfg = RunConfig(policy=r.candidate.policy, engine={"gmu": r.candidate.gmu})
+        true = capacity_of(cfg)
+        assert r.status == "found"
+        assert r.capacity <= true < r.search.failed  # passing below, failing above the true capacity
+        assert (r.search.failed - r.capacity) / r.capacity <= s.tolerance
+        assert r.binding == "ttft_p99"
+    assert best(results).candidate == Candidate("replay", (1, 1, 1), 0.9, 256, 8192)
+
+
+def test_a_rerun_runs_nothing_and_a_new_candidate_only_its_own_probes(tmp_path):
+    s = settings()
+    first = Counter(tmp_path)
+    run_plan(cands(gmus=(0.9,)), s, first, log=lambda line: None)
+    assert first.ran > 0
+    again = Counter(tmp_path)
+    before = run_plan(cands(gmus=(0.9,)), s, again, log=lambda line: None)
+    assert again.ran == 0 and again.cached == first.ran
+    more = Counter(tmp_path)
+    after = run_plan(cands(gmus=(0.9, 0.75)), s, more, log=lambda line: None)
+    assert more.cached == first.ran  # the old candidates' probes come from the store
+    new = [r for r in after if r.candidate.gmu == 0.75]
+    assert more.ran == sum(len(p.runs) for r in new for p in r.probes.values()) > 0
+    assert [r.capacity for r in after if r.candidate.gmu == 0.9] == [r.capacity for r in before]
+
+
+def test_search_brackets_downward_and_reports_no_rate_met():
+    search = CapacitySearch(start=8.0, tolerance=0.05, min_rate=0.5, max_rate=64)
+    rates = []
+    while (rate := search.next_rate()) is not None:
+        rates.append(rate)
+        search.record(rate, met=False)
+    assert rates == [8.0, 4.0, 2.0, 1.0, 0.5] and search.outcome == "none_met"
+
+
+def test_search_stops_at_max_rate_when_every_rate_passes():
+    search = CapacitySearch(start=1.0, tolerance=0.05, min_rate=0.5, max_rate=5.0)
+    while (rate := search.next_rate()) is not None:
+        search.record(rate, met=True)
+    assert search.outcome == "above_max" and search.passed == 5.0 and search.tried == [1.0, 2.0, 4.0, 5.0]
+
+
+@pytest.mark.parametrize("tol", [0.0, 1e-4, 0.9, -0.1])
+def test_unsatisfiable_tolerance_is_refused(tol):
+    with pytest.raises(ConfigError, match="tolerance"):
+        check_tolerance(tol)
+
+
+# ------------------------------------------------------------------- steady state
+def run_probe(metric_at, max_requests=800):
+    """A probe fed by metric_at(num_requests) -> ttft_p99; returns it once decided."""
+    probe = Probe(10.0, SLOS, 100, max_requests, stability=0.1)
+    while pending := probe.pending():
+        for n in pending:
+            probe.add(n, {"ttft_p99_s": metric_at(n), "tpot_mean_s": 0.02})
+    return probe
+
+
+def test_stable_metrics_decide_after_two_lengths():
+    probe = run_probe(lambda n: 0.5 + 0.01 * math.sin(n))
+    assert sorted(probe.runs) == [100, 200]
+    assert probe.verdict.met and probe.verdict.steady and probe.verdict.num_requests == 200
+
+
+def test_a_moving_metric_doubles_the_run_until_it_settles():
+    probe = run_probe(lambda n: 0.5 + 50 / n)  # warms up: 1.0, 0.75, 0.625, 0.5625, 0.53
+    assert sorted(probe.runs) == [100, 200, 400, 800]
+    assert probe.verdict.met and probe.verdict.num_requests == 800
+
+
+def test_a_metric_still_growing_at_max_requests_fails_under_its_bound():
+    probe = run_probe(lambda n: 0.2 + n / 800, max_requests=400)  # 0.325, 0.45, 0.7: under 1 s, but growing
+    assert sorted(probe.runs) == [100, 200, 400]
+    v = probe.verdict
+    assert not v.met and not v.steady and v.violated == ("ttft_p99",) and "still growing" in v.note
+
+
+def test_a_missing_metric_breaks_the_slo():
+    probe = Probe(10.0, SLOS, 100, 200, stability=0.1)
+    for n in (100, 200):
+        probe.add(n, {"ttft_p99_s": 0.1, "tpot_mean_s": None})
+    assert not probe.verdict.met and probe.verdict.violated == ("tpot_mean",)
+
+
+def test_dense_capacity_is_the_last_rate_before_the_first_failure():
+    rates = dense_rates(10.0, 0.1)
+    assert rates[0] == 5.0 and rates[-1] >= 20.0
+    assert all(b / a <= 1.1 + 1e-4 for a, b in zip(rates, rates[1:]))  # steps of 1 + tolerance, rounded
+
+    class V:
+        def __init__(self, rate, met):
+            self.rate, self.met = rate, met
+    assert dense_capacity([V(1, True), V(2, True), V(3, False), V(4, True)]) == 2
+    assert dense_capacity([V(1, False)]) == 0.0
+
+
+def test_the_policy_that_does_not_speculate_takes_no_tree(monkeypatch):
+    import sim.plan_run as plan_run
+
+    monkeypatch.setattr(plan_run, "speculates", lambda policy: policy != "none")
+    monkeypatch.setattr(plan_run, "load_policy", lambda policy: type("P", (), {"draft_tree_widths": [1, 1, 1]})())
+    got = candidates(["none", "store_all"], [(1, 1, 1), (2, 2)], [0.9], [128, 256], [8192])
+    assert [(c.policy, c.tree, c.max_num_seqs) for c in got] == [
+        ("none", None, 128), ("none", None, 256),
+        ("store_all", (1, 1, 1), 128), ("store_all", (1, 1, 1), 256), ("store_all", (2, 2), 128), ("store_all", (2, 2), 256)]
+    assert "policy_overrides.draft_tree_widths" not in Candidate("none", None, 0.9, 128, 8192).assignment()
