@@ -19,8 +19,9 @@ from typing import Any
 import yaml
 
 from core.config import (CONFIG_DIR, DTYPE_BYTES, ConfigError, EngineConfig, ModelConfig, format_validation_error,
-                         load_hardware)
+                         load_hardware, load_policy)
 from core.files import atomic_write_text
+from policies import make_policy
 
 # model_type of the config (or of its text_config) -> the family whose key names it uses.
 FAMILIES: dict[str, str] = {
@@ -162,26 +163,30 @@ def _params(m: dict[str, Any], imp: Imported) -> None:
 
 
 def _tensor_parallel(m: dict[str, Any], hardware: str, imp: Imported) -> None:
-    """The smallest TP size that splits the heads evenly and at which vLLM would start on `hardware`
-    at gmu 0.9: the weights, profile-run peak and graphs leave a pool for one max_model_len request."""
-    from sim.budget import memory_budget
+    """The smallest TP size that splits the heads evenly and at which vLLM would start on `hardware` at
+    gmu 0.9 serving vLLM's own policy: the weights, profile-run peak and graphs fit, and the pool holds one
+    max_model_len request (its startup check, sim.pool.check_one_request_fits)."""
+    from sim.budget import block_layout, memory_budget, served_model
+    from sim.pool import check_one_request_fits, make_pool
 
-    hw = load_hardware(hardware)
+    hw, engine = load_hardware(hardware), EngineConfig(gmu=0.9)
     heads = (m["gdn"]["num_k_heads"], m["gdn"]["num_v_heads"], m["attention"]["num_q_heads"])
     for tp in TP_CHOICES:
         if any(n % tp for n in heads):
             continue
-        model = ModelConfig.model_validate({**m, "tensor_parallel": tp})
+        model = served_model(ModelConfig.model_validate({**m, "tensor_parallel": tp}), engine)
+        policy = make_policy(model, load_policy("store_all"))
         try:
-            pool = memory_budget(model, hw, EngineConfig(gmu=0.9)).pool_bytes
+            pool_bytes = memory_budget(model, hw, engine).pool_bytes
+            layout = block_layout(model, policy, pool_bytes, engine)
+            check_one_request_fits(make_pool("paged", model, policy, layout, pool_bytes), model.max_model_len,
+                                   str(policy.tree))
         except ConfigError:
             continue
-        need = model.max_model_len * model.pool_attn_layers * model.attn_page_bytes_per_token_per_gpu
-        if pool >= need:
-            m["tensor_parallel"] = tp
-            imp.defaults["tensor_parallel"] = (f"{tp}: the smallest of {TP_CHOICES} at which the weights fit {hardware} "
-                                               "at gmu 0.9 with a pool for one max_model_len request")
-            return
+        m["tensor_parallel"] = tp
+        imp.defaults["tensor_parallel"] = (f"{tp}: the smallest of {TP_CHOICES} at which vLLM would start on "
+                                           f"{hardware} at gmu 0.9 (weights fit, one max_model_len request fits)")
+        return
     raise ConfigError(f"{m['name']}: does not fit {hardware} at tensor parallel {TP_CHOICES[-1]}; "
                       "give --tensor-parallel")
 
