@@ -32,7 +32,7 @@ from sim.sweep import connect_dask, git_describe, parse_sets, run_sweep
 OWNED = {"policy": "--policy", "policy_overrides.draft_tree_widths": "--tree", "engine.gmu": "--gmu",
          "engine.max_num_seqs": "--max-num-seqs", "engine.max_num_batched_tokens": "--max-num-batched-tokens",
          "client.request_rate": "the search", "client.max_concurrency": "nothing (a plan is an open loop)",
-         "client.use_trace_arrivals": "--arrivals", "client.time_scale": "the search", "num_requests": "--num-requests",
+         "client.use_trace_arrivals": "--arrivals", "client.arrival_process": "--arrivals", "client.time_scale": "the search", "num_requests": "--num-requests",
          "measure.warmup_fraction": "--warmup", "measure.cooldown_fraction": "--cooldown",
          "client.burstiness": "--burstiness", "seed": "--seed", "model": "--model", "hardware": "--hardware"}
 
@@ -69,8 +69,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--start-rate", type=float, default=1.0, help="first rate probed, requests/s")
     p.add_argument("--min-rate", type=float, default=None, help="lowest rate probed (default: --start-rate / 1024)")
     p.add_argument("--max-rate", type=float, default=None, help="highest rate probed (default: --start-rate x 1024)")
-    p.add_argument("--arrivals", choices=["poisson", "trace"], default="poisson",
-                   help="poisson: Poisson arrivals at the rate; trace: the workload's own timestamps, time-scaled "
+    p.add_argument("--arrivals", choices=["poisson", "constant", "trace"], default="poisson",
+                   help="poisson: Poisson arrivals at the rate (Gamma with --burstiness); constant: request i at "
+                        "i / rate (guidellm's constant profile); trace: the workload's own timestamps, time-scaled "
                         "to the rate (BurstGPT, Azure traces)")
     p.add_argument("--burstiness", type=float, default=d.client.burstiness,
                    help="Gamma shape of the arrival gaps with --arrivals poisson (1 = Poisson)")
@@ -99,6 +100,8 @@ def _base(args: argparse.Namespace) -> dict[str, Any]:
     base: dict[str, Any] = {"model": args.model, "hardware": args.hardware, "seed": args.seed,
                             "client.burstiness": args.burstiness, "measure.warmup_fraction": args.warmup,
                             "measure.cooldown_fraction": args.cooldown}
+    if args.arrivals == "constant":
+        base["client.arrival_process"] = "constant"
     for field, value in parse_sets(args.set).items():
         if field in OWNED:
             raise ConfigError(f"--set {field}: the plan sets this field; use {OWNED[field]}")
@@ -113,6 +116,8 @@ def settings_from(args: argparse.Namespace) -> PlanSettings:
         raise ConfigError(f"--num-requests {args.num_requests}: a probe needs at least 10 requests per run")
     if args.rate is not None and args.rate <= 0:
         raise ConfigError(f"--rate {args.rate:g}: the target load must be > 0 requests/s")
+    if args.arrivals != "poisson" and args.burstiness != 1.0:
+        raise ConfigError(f"--burstiness {args.burstiness:g} shapes Poisson gaps; --arrivals {args.arrivals} has none")
     start = args.start_rate
     if start <= 0:
         raise ConfigError(f"--start-rate {start:g}: must be > 0 requests/s")

@@ -16,6 +16,10 @@ from sim.plan_run import CandidateResult, PlanSettings, best, policy_best
 from sim.plan_search import Verdict
 from sim.plan_slo import format_seconds
 
+# Why a replica of a plan for rate / replicas sees the traffic the plan probed.
+SPLIT = {"poisson": "random routing of a Poisson stream gives each replica a Poisson stream of rate / replicas",
+         "constant": "round-robin routing of evenly spaced requests gives each replica evenly spaced requests",
+         "trace": "each replica is assumed to see the trace's pattern at rate / replicas (a time-scaled copy)"}
 # Run-summary fields shown at each configuration's capacity besides its SLO metrics.
 AT_CAPACITY = ("request_throughput", "output_throughput_tok_s", "peak_kv_usage", "preemptions", "mean_accepted_len")
 
@@ -33,6 +37,9 @@ def row(r: CandidateResult, settings: PlanSettings, rate: float | None) -> dict[
     for key in AT_CAPACITY:
         out[key] = at.summary.get(key) if at else None
     out["steady_at_capacity"] = at.steady if at else None
+    # How many request lifetimes the longest run at capacity spans: a steady state needs many
+    e2e = at.summary.get("e2e_mean_s") if at else None
+    out["run_span_over_e2e"] = at.num_requests / at.rate / e2e if e2e else None
     out["probes"] = len(r.verdicts)
     if rate is not None:
         replicas = r.replicas_for(rate)
@@ -145,10 +152,13 @@ def report(results: list[CandidateResult], rows: list[dict[str, Any]], settings:
               f"{s.stability:g} x its bound between the two lengths; otherwise it doubles the longer run, up to "
               f"{s.max_requests} requests. The verdict is the longest run's; a probe whose metric is still growing at "
               f"{s.max_requests} requests fails (its queue has no steady state). A target load splits evenly over "
-              f"replicas: random routing of a Poisson stream gives each replica a Poisson stream of rate / replicas.", ""]
+              f"replicas: {SPLIT[s.arrivals]}.", ""]
     unsteady = sum(1 for r in results for v in r.verdicts if not v.steady)
     total = sum(len(r.verdicts) for r in results)
-    lines += [f"{total} probes, {unsteady} not steady at their longest run (plan.json lists each with its note).", ""]
+    spans = [rw["run_span_over_e2e"] for rw in rows if rw["run_span_over_e2e"]]
+    lines += [f"{total} probes, {unsteady} not steady at their longest run (plan.json lists each with its note)."
+              + (f" At capacity the longest run's arrivals span {min(spans):.0f} to {max(spans):.0f} mean E2E latencies "
+                 "(run_span_over_e2e)." if spans else ""), ""]
     if dense:
         lines += ["## Dense check", "",
                   f"{dense['candidate']} probed at {len(dense['rates'])} rates from {dense['rates'][0]:g} to "

@@ -109,7 +109,8 @@ class TraceRates:
             from workloads import load_workload
 
             s = self.settings
-            w = load_workload(s.workload, num_requests, int(s.base.get("seed", 0)), s.base.get("workload_overrides", {}))
+            cfg = config(s, {"num_requests": num_requests}, f"--arrivals trace ({num_requests} requests)")
+            w = load_workload(cfg.workload, cfg.num_requests, cfg.seed, cfg.workload_overrides)
             times = [r.arrival_s for r in w.requests]
             if w.arrival != "trace" or any(t is None for t in times):
                 raise ConfigError(f"--arrivals trace: workload {s.workload} has no arrival timestamps "
@@ -122,16 +123,22 @@ class TraceRates:
         return self._native[num_requests]
 
 
+def config(settings: PlanSettings, assignment: dict[str, Any], source: str) -> RunConfig:
+    """The settings' fixed fields plus `assignment` (dotted path -> value) as a RunConfig."""
+    data: dict[str, Any] = {"workload": settings.workload}
+    for path, value in {**settings.base, **assignment}.items():
+        set_field(data, path, value)
+    return validate(RunConfig, data, source)
+
+
 def probe_config(settings: PlanSettings, cand: Candidate, rate: float, num_requests: int,
                  trace: TraceRates | None = None) -> RunConfig:
-    data: dict[str, Any] = {"workload": settings.workload}
     client: dict[str, Any] = {"client.request_rate": rate}
     if settings.arrivals == "trace":
         assert trace is not None
         client = {"client.use_trace_arrivals": True, "client.time_scale": trace.native_rate(num_requests) / rate}
-    for path, value in {**settings.base, **cand.assignment(), "num_requests": num_requests, **client}.items():
-        set_field(data, path, value)
-    return validate(RunConfig, data, f"plan probe ({cand.label}, {rate:g} req/s, {num_requests} requests)")
+    return config(settings, {**cand.assignment(), "num_requests": num_requests, **client},
+                  f"plan probe ({cand.label}, {rate:g} req/s, {num_requests} requests)")
 
 
 def gpus_per_replica(cfg: RunConfig) -> int:

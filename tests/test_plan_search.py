@@ -1,6 +1,7 @@
 """`specsim plan`'s search on a stub simulation of known capacity: bracketing and bisection
 to the tolerance, the steady-state probe, caching of probes as sweep points."""
 import math
+from pathlib import Path
 
 import pytest
 
@@ -160,13 +161,29 @@ def test_dense_capacity_is_the_last_rate_before_the_first_failure():
     assert dense_capacity([V(1, False)]) == 0.0
 
 
-def test_the_policy_that_does_not_speculate_takes_no_tree(monkeypatch):
-    import sim.plan_run as plan_run
-
-    monkeypatch.setattr(plan_run, "speculates", lambda policy: policy != "none")
-    monkeypatch.setattr(plan_run, "load_policy", lambda policy: type("P", (), {"draft_tree_widths": [1, 1, 1]})())
+def test_the_policy_that_does_not_speculate_takes_no_tree():
     got = candidates(["none", "store_all"], [(1, 1, 1), (2, 2)], [0.9], [128, 256], [8192])
     assert [(c.policy, c.tree, c.max_num_seqs) for c in got] == [
         ("none", None, 128), ("none", None, 256),
         ("store_all", (1, 1, 1), 128), ("store_all", (1, 1, 1), 256), ("store_all", (2, 2), 128), ("store_all", (2, 2), 256)]
-    assert "policy_overrides.draft_tree_widths" not in Candidate("none", None, 0.9, 128, 8192).assignment()
+    assert "policy_overrides.draft_tree_widths" not in got[0].assignment()
+    assert got[0].label == "none (gmu 0.9, max_num_seqs 128, max_num_batched_tokens 8192)"
+
+
+def test_each_policy_keeps_its_own_tree_without_trees():
+    assert [c.tree for c in candidates(["none", "replay"], [], [0.9], [256], [8192])] == [None, (1, 1, 1)]
+
+
+def test_trace_arrivals_are_time_scaled_to_the_probed_rate():
+    from sim.plan_run import TraceRates, probe_config
+    from workloads import load_workload
+    from workloads.arrivals import trace_arrival_times
+
+    data = Path(__file__).parent / "data" / "azure_llm_2023_conv_sample.csv"
+    s = settings(workload="azure-conv", arrivals="trace", base={"seed": 0, "workload_overrides.path": str(data)})
+    (cand,) = candidates(["store_all"], [], [0.9], [256], [8192])
+    cfg = probe_config(s, cand, 7.5, 100, TraceRates(s))
+    assert cfg.client.use_trace_arrivals and cfg.client.request_rate is None
+    w = load_workload(cfg.workload, cfg.num_requests, cfg.seed, cfg.workload_overrides)
+    t = trace_arrival_times(w.requests, cfg.client.time_scale)
+    assert (len(t) - 1) / (t.max() - t.min()) == pytest.approx(7.5)
