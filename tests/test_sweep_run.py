@@ -198,7 +198,10 @@ def test_dask_local_cluster_matches_process_pool(grid_file, tmp_path):
     distributed = pytest.importorskip("distributed")
     points = configs(grid_file)[:12]
     local = sweep.run_sweep(points, tmp_path / "a", jobs=2, simulate=fake_simulate, prepare=no_prepare, progress=False)
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None) as cluster:
+    # Loopback only, no dashboard: a test opens no port another machine can reach
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=True, host="127.0.0.1",
+                                  dashboard_address=None, worker_dashboard_address=None) as cluster:
+        assert cluster.scheduler_address.startswith("tcp://127.0.0.1:")
         remote = sweep.run_sweep(points, tmp_path / "b", dask_scheduler=cluster.scheduler_address,
                                  simulate=fake_simulate, prepare=no_prepare, progress=False)
     assert remote.ran == 12 and timeless(remote.records) == timeless(local.records)
