@@ -123,7 +123,30 @@ def timing(docs: Path) -> str:
             if parts else "The committed sweep.json records no timing.\n")
 
 
-BLOCKS: dict[str, Callable[[Path], str]] = {"headline": headline, "one-point": one_point, "trees": trees, "timing": timing}
+def models(docs: Path) -> str:
+    """Each model config: its feed-forward block, TP size, and what prices its steps on the H200 (the
+    latency model a store_all run builds from the committed tables)."""
+    from core.config import EngineConfig, load_hardware, load_model, load_policy, model_names
+    from policies import make_policy
+    from sim.latency_factory import make_latency_model
+
+    hw = load_hardware("h200")
+    rows = []
+    for name in model_names():
+        m = load_model(name)
+        ffn = (f"dense MLP {m.mlp.intermediate_size:,}" if m.dense else
+               f"MoE {m.moe.num_experts} experts, top {m.moe.top_k}")
+        lat = make_latency_model(m, hw, make_policy(m, load_policy("store_all")), EngineConfig())
+        src = lat.sources.by_term
+        other = ", ".join(f"{t} {v}" for t, v in src.items() if v != "calibrated")
+        priced = ("analytic (no tables)" if set(src.values()) == {"analytic"} else
+                  "calibrated" + (f" except {other}" if other else ""))
+        rows.append({"model": f"`{name}`", "feed-forward": ffn, "TP": m.tensor_parallel, "H200 step times": priced})
+    return md_table(pd.DataFrame(rows))
+
+
+BLOCKS: dict[str, Callable[[Path], str]] = {"headline": headline, "one-point": one_point, "trees": trees, "models": models,
+                                          "timing": timing}
 
 
 def render(docs: Path = DOCS) -> dict[str, str]:

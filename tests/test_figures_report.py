@@ -140,6 +140,18 @@ def test_readme_numbers_equal_the_committed_outputs():
     assert fill(text, readme.render()) == text, "README.md differs from docs/: run `make docs`"
 
 
+def test_readme_models_block_says_what_prices_each_model(tmp_path, monkeypatch):
+    """Calibrated where the GPU's folder holds the model's tables, the roofline (and it says so) where not;
+    a dense model's feed-forward block is its MLP."""
+    from core.config import load_hardware
+
+    rows = {r.split(" | ")[0].strip("| `"): r for r in readme.models(readme.DOCS).splitlines()[2:]}
+    assert "calibrated" in rows["qwen3.5-35b-a3b"] and "dense MLP 17,408" in rows["qwen3.5-27b"]
+    empty = load_hardware("h200").model_copy(update={"calibration_dir": str(tmp_path)})
+    monkeypatch.setattr("core.config.load_hardware", lambda name: empty)
+    assert all(r.endswith("analytic (no tables) |") for r in readme.models(readme.DOCS).splitlines()[2:])
+
+
 def test_readme_links_and_images_exist_in_a_clone():
     text = README.read_text()
     targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
