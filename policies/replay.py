@@ -3,6 +3,15 @@ from __future__ import annotations
 from policies.base import CommitPolicy
 
 
+def cache_slots(flush_interval: int, max_path: int) -> int:
+    """Tokens a replay cache holds per sequence: the accepted paths (at most `max_path`
+    tokens each) of the flush_interval - 1 commits between flushes; the flushing commit
+    folds its own path in at once and caches nothing. The one definition: the kernels
+    allocate this many slots (policies.kernels.replay, .conv), the memory model charges
+    them and the latency model runs the verify over them."""
+    return (flush_interval - 1) * max_path
+
+
 class Replay(CommitPolicy):
     """ReplaySSM: one older state + cached inputs of accepted tokens, flushed every m steps."""
 
@@ -13,23 +22,22 @@ class Replay(CommitPolicy):
         return self.cfg.flush_interval
 
     def cached_input_bytes_per_token_per_layer(self) -> int:
+        """What one cached token keeps, as the kernels allocate it: k (bf16, per q/k head) and
+        v (bf16, per v head) for the state, g and beta (float32, per v head), and the conv's
+        input row (every conv channel, in the model's dtype) to rebuild the conv window."""
         g = self.model.gdn
-        # k (bf16, per q/k head), v (bf16, per v head), g and beta (float32, per v head).
-        return 2 * (g.num_k_heads * g.head_k_dim + g.num_v_heads * g.head_v_dim) + 2 * 4 * g.num_v_heads
+        conv_channels = 2 * g.num_k_heads * g.head_k_dim + g.num_v_heads * g.head_v_dim
+        return (2 * (g.num_k_heads * g.head_k_dim + g.num_v_heads * g.head_v_dim) + 2 * 4 * g.num_v_heads
+                + conv_channels * self.model.conv_dtype_bytes)
 
-    def max_cached_tokens(self) -> int:
-        # At most depth + 1 tokens (bonus included) are accepted per step.
-        return self.flush_interval * (self.tree.depth + 1)
+    def cache_slots(self) -> int:
+        """Cache slots per sequence; the verify kernel runs over all of them every step, however
+        many hold tokens (its shapes are fixed for CUDA graphs)."""
+        return cache_slots(self.flush_interval, self.tree.depth + 1)
 
     def cache_bytes_per_seq_per_gpu(self) -> int:
         per_layer = self.cached_input_bytes_per_token_per_layer() // self.model.tensor_parallel
-        return self.model.gdn_layers * self.max_cached_tokens() * per_layer
-
-    def verify_cache_positions(self) -> int:
-        """Cache slots the verify kernel runs over every step, however many hold tokens: the
-        kernels' shapes are fixed for CUDA graphs (policies.kernels.replay: (m - 1) paths of at
-        most depth + 1 tokens before the flush; none when every commit flushes)."""
-        return (self.flush_interval - 1) * (self.tree.depth + 1)
+        return self.model.gdn_layers * self.cache_slots() * per_layer
 
     def replay_tokens(self, steps_since_flush: int, accepted_since_flush: int) -> int:
         return accepted_since_flush

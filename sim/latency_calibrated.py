@@ -340,7 +340,7 @@ class CalibratedLatencyModel:
         # Replay's verify runs over every cache slot whatever it holds (fixed shapes), so its cost
         # follows the cache's capacity, not the tokens replayed this step (session 14's replay:
         # priced by the tokens, its decode steps came out 2-4% short).
-        cached = self.policy.verify_cache_positions() if rep else 0
+        cached = self.policy.cache_slots() if rep else 0
         if cached:
             m_tokens, curves = rep
             c = curves.get(mode) or next(iter(curves.values()))

@@ -29,6 +29,7 @@ import triton.language as tl
 
 from policies.kernels.checks import capturing, check_accepted
 from policies.kernels.treewy import lengths_or_full
+from policies.replay import cache_slots
 
 BTB_MAX = 16  # positions per program at most; a tree of T positions gets next_power_of_2(T)
 BCH = 128  # channels per program (one q/k head when the conv normalises them)
@@ -307,7 +308,7 @@ class ReplayConvState:
         if flush_interval < 1 or max_path < 1:
             raise ValueError(f"flush_interval and max_path must be >= 1, got {flush_interval}, {max_path}")
         B, C, _ = conv_state.shape
-        cap = (flush_interval - 1) * max_path
+        cap = cache_slots(flush_interval, max_path)
         # One slot at least (flush_interval 1 caches nothing): the kernels take the cache's pointer.
         return cls(conv_state, torch.zeros(B, max(cap, 1), C, dtype=dtype, device=conv_state.device),
                    torch.zeros(B, dtype=torch.int32, device=conv_state.device), flush_interval)

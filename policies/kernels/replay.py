@@ -10,7 +10,7 @@ the root, so cache + tree is one tree and the closed-form solve (treewy) runs ov
 both; outputs are produced for the tree only and no state is written. Commit appends
 the accepted path's inputs (k, v, g, beta) to the cache; every `flush_interval`-th
 commit instead writes the accepted node's state over the old one and empties the
-cache. The cache holds (flush_interval - 1) * max_path tokens per sequence.
+cache. The cache holds `policies.replay.cache_slots` tokens per sequence.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import triton.language as tl
 
 from policies.kernels.checks import capturing, check_accepted, check_inputs
 from policies.kernels.treewy import BC, TreeSolve, combined_parents, lengths_or_full, wy_state, wy_verify
+from policies.replay import cache_slots
 
 
 @dataclass
@@ -54,7 +55,7 @@ class ReplayState:
         B, Hv, DV, DK = state.shape
         if hk < 1 or Hv % hk:
             raise ValueError(f"v heads (Hv = {Hv}) must be a multiple of q/k heads (hk = {hk})")
-        C = (flush_interval - 1) * max_path
+        C = cache_slots(flush_interval, max_path)
         # Zeros, not empty: unused slots enter the solve (off the root's path) and must stay finite.
         z = dict(device=state.device)
         return cls(state=state, k=torch.zeros(B, C, hk, DK, dtype=dtype, **z),
