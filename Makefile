@@ -22,7 +22,7 @@ GPU_PY    ?= $(PY)
 GPU       ?= h200
 
 .PHONY: help venv dev test test-slow test-gpu sweep figures calibrate calibrate-validate \
-        bench bench-sim bench-kernels docs replay-steps clean
+        bench bench-sim bench-kernels docs replay-steps validate clean
 
 help:
 	@echo "make sweep WORKLOAD=sharegpt   main job: grid sweep + figures on the committed calibration"
@@ -30,6 +30,7 @@ help:
 	@echo "make test-slow / test-gpu      long tests / tests that need a CUDA GPU"
 	@echo "make bench-sim                 simulator speed; make bench-kernels GPU_PY=python3 on a GPU"
 	@echo "make calibrate GPU_PY=python3  measure layers on a GPU into results/calibration/$(GPU) (MODEL=<name>: one model)"
+	@echo "make validate                  simulate the published vLLM runs of validation/real -> results/validation"
 	@echo "make docs                      rerun the README's sweeps and runs into docs/ and rewrite its numbers"
 	@echo "make replay-steps              the 18 traced runs that calibrate replay executes (runs/replay/)"
 
@@ -69,6 +70,12 @@ sweep: venv
 figures: venv
 	$(PY) -m sim figures --sweep $(SWEEP_OUT)
 
+# The published vLLM runs (validation/real/) on the committed calibration: validation.csv,
+# validation.json, figures/validation.png and one run folder per case.
+VALIDATION_OUT ?= results/validation
+validate: venv
+	$(PY) -m sim validate --real validation/real --out $(VALIDATION_OUT)
+
 bench: bench-sim
 
 bench-sim: venv
@@ -97,6 +104,9 @@ docs: venv
 	for w in $(DOC_RUNS); do for p in store_all reconstruct replay; do \
 	  $(PY) -m sim run $$($(PY) -c 'from sim.readme import RUN_ARGS; print(RUN_ARGS)') --policy $$p --workload $$w \
 	    --out runs/docs/$$w-$$p > /dev/null && cp runs/docs/$$w-$$p/summary.json docs/runs/$$w-$$p.json || exit 1; done; done
+	$(MAKE) validate VALIDATION_OUT=results/validation
+	rm -rf docs/validation && mkdir -p docs/validation && cp -r results/validation/validation.csv \
+	  results/validation/validation.json results/validation/figures docs/validation/
 	$(PY) -m sim report --readme --write README.md
 
 # The traced runs the step replay executes (calibrate/REPLAY.md): sharegpt, three policies x gmu 0.6 / 0.9

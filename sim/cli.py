@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("sim.plan", "the highest request rate each configuration sustains under SLOs; GPUs for a target load"),
     "figures": ("sim.figures", "draw the breakdown figures and report.md of a sweep"),
     "report": ("sim.readme", "print the README's numbers from the committed outputs in docs/"),
+    "validate": ("sim.validate", "simulate the published vLLM runs of validation/real and compare"),
     "memory": ("sim.memory_cli", "per-sequence memory facts and the pool geometry"),
     "model": ("sim.model_import", "write a model YAML from a Hugging Face config.json (`specsim model import`)"),
     "workload": ("workloads.cli", "workload statistics (`specsim workload stats NAME`)"),

@@ -145,8 +145,42 @@ def models(docs: Path) -> str:
     return md_table(pd.DataFrame(rows))
 
 
+
+
+VALIDATION = "validation"  # docs/validation/: `make validate`'s validation.csv and validation.json, copied
+VALIDATION_METRICS = (("duration_s", "duration (s)"), ("ttft_mean_ms", "mean TTFT (ms)"),
+                      ("latency_mean_s", "mean latency (s)"), ("tpot_mean_ms", "mean TPOT (ms)"),
+                      ("total_throughput_tok_s", "total tok/s"))
+
+
+def _num(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+
+
+def validation(docs: Path) -> str:
+    """Published vLLM runs against the simulator: real, simulated and their ratio per case."""
+    path = docs / VALIDATION / "validation.csv"
+    if not path.is_file():
+        raise ConfigError(f"{path}: missing; `make docs` writes it (from `make validate`)")
+    df = pd.read_csv(path)
+    rows = []
+    for case, group in df.groupby("case", sort=False):
+        by = group.set_index("metric")
+        row = {"case": case.removeprefix("gpustack-h200-qwen3.5-35b-a3b-")}
+        for metric, label in VALIDATION_METRICS:
+            if metric in by.index:
+                r = by.loc[metric]
+                row[label] = f"{_num(r['real'])} / {_num(r['simulated'])} ({r['ratio']:.2f}x)"
+        rows.append(row)
+    report = json.loads((docs / VALIDATION / "validation.json").read_text())
+    skipped = len(report.get("not_expressible", {}))
+    return ("Each cell: published / simulated (simulated / published), GPUStack's Qwen3.5-35B-A3B runs on one "
+            f"H200 (vLLM 0.17.1, guidellm constant rate 1000); {skipped} more published cases are not expressible "
+            "yet (`validation.json` says why). `make validate` reruns it:\n\n" + md_table(pd.DataFrame(rows)))
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {"headline": headline, "one-point": one_point, "trees": trees, "models": models,
-                                          "timing": timing}
+                                          "timing": timing, "validation": validation}
 
 
 def render(docs: Path = DOCS) -> dict[str, str]:

@@ -1,0 +1,111 @@
+"""`specsim validate`: every expressible published run of `validation/real/` simulated and compared.
+
+For each case that the simulator can express, `specsim run` of its RunConfig (sim.validate_cases)
+writes `runs/<case>/`; guidellm's metrics of that run (sim.guidellm_metrics) are compared with the
+published ones. Outputs in `--out`: `validation.csv` (case, metric, real, simulated, ratio =
+simulated / real), `validation.json` (per case: its source, every metric's real, simulated and
+ratio, the run's summary.json path; the cases not expressible with their reasons) and
+`figures/validation.png` / `.pdf` (simulated against real per metric, log-log, identity line).
+No parameter is fitted to the published numbers: they test the calibration (docs/validation.md).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from core.config import REPO_ROOT
+from core.files import StagedOutput, atomic_write_text
+from sim.guidellm_metrics import guidellm_metrics
+from sim.run import simulate
+from sim.validate_cases import COMPARED, Case, load_cases
+
+DEFAULT_REAL = REPO_ROOT / "validation" / "real"
+OUT_FILES = ("validation.csv", "validation.json")
+CSV_COLUMNS = ("case", "metric", "real", "simulated", "ratio")
+
+
+def compare(case: Case, metrics: dict[str, float]) -> list[dict[str, Any]]:
+    """One row per published metric that a simulated run has, in COMPARED's order."""
+    rows = []
+    for metric, sim_key in COMPARED.items():
+        if metric not in case.reported or sim_key not in metrics:
+            continue
+        real, simulated = float(case.reported[metric]), float(metrics[sim_key])
+        ratio = simulated / real if real else math.nan
+        rows.append({"case": case.name, "metric": metric, "real": real, "simulated": float(f"{simulated:.8g}"),
+                     "ratio": float(f"{ratio:.6g}") if math.isfinite(ratio) else None})
+    return rows
+
+
+def run_case(case: Case, source: Path, run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    summary = simulate(case.run_config(str(source)), run_dir)
+    with (run_dir / "requests.csv").open(newline="") as f:
+        metrics = guidellm_metrics(csv.DictReader(f), summary["duration_s"])
+    return summary, compare(case, metrics)
+
+
+def _csv_text(rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, CSV_COLUMNS, lineterminator="\n")
+    w.writeheader()
+    w.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in rows)
+    return buf.getvalue()
+
+
+def validate_all(real: Path, out: Path, progress: bool = True) -> dict[str, Any]:
+    cases = load_cases(real)  # every file checked before anything runs
+    rows: list[dict[str, Any]] = []
+    report: dict[str, Any] = {"real": str(real), "cases": {}, "not_expressible": {}}
+    with StagedOutput(out, OUT_FILES, folders=("runs", "figures")) as staged:
+        for n, (path, case) in enumerate(cases, 1):
+            if not case.expressible:
+                report["not_expressible"][case.name] = {"file": str(path), "reason": case.not_expressible}
+                continue
+            if progress:
+                print(f"[{n}/{len(cases)}] {case.name}", file=sys.stderr, flush=True)
+            run_dir = staged.path / "runs" / case.name
+            summary, case_rows = run_case(case, path, run_dir)
+            rows += case_rows
+            report["cases"][case.name] = {
+                "file": str(path), "source": case.source.model_dump(), "summary": str(out / "runs" / case.name / "summary.json"),
+                "latency_source": summary["latency_source"], "latency_terms": summary["latency_terms"],
+                "metrics": {r["metric"]: {k: r[k] for k in ("real", "simulated", "ratio")} for r in case_rows},
+            }
+        atomic_write_text(staged.path / "validation.csv", _csv_text(rows))
+        atomic_write_text(staged.path / "validation.json", json.dumps(report, indent=2) + "\n")
+        if rows:
+            from sim.validate_figure import draw  # matplotlib only when there is something to draw
+            draw(rows, staged.path / "figures")
+        staged.publish()
+    return report
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--real", type=Path, default=Path("validation/real"),
+                   help="folder of published-run case files (*.yaml)")
+    p.add_argument("--out", type=Path, default=Path("results/validation"),
+                   help="folder for validation.csv, validation.json, figures/ and runs/")
+    p.add_argument("--json", action="store_true", help="print validation.json instead of the table")
+    p.add_argument("--no-progress", action="store_true", help="no per-case progress lines on stderr")
+
+
+def main(args: argparse.Namespace) -> int:
+    report = validate_all(args.real, args.out, progress=not args.no_progress)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    for name, case in report["cases"].items():
+        print(name)
+        for metric, m in case["metrics"].items():
+            ratio = "-" if m["ratio"] is None else f"{m['ratio']:.2f}"
+            print(f"  {metric:<26} real {m['real']:>12,.2f}  simulated {m['simulated']:>12,.2f}  ratio {ratio}")
+    for name, why in report["not_expressible"].items():
+        print(f"{name}: not expressible: {why['reason']}")
+    print(f"wrote {args.out}/validation.csv, validation.json, figures/validation.png/.pdf, runs/")
+    return 0
