@@ -179,8 +179,9 @@ def validation(docs: Path) -> str:
             "yet (`validation.json` says why). `make validate` reruns it:\n\n" + md_table(pd.DataFrame(rows)))
 
 
-BLOCKS: dict[str, Callable[[Path], str]] = {"headline": headline, "one-point": one_point, "trees": trees, "models": models,
-                                          "timing": timing, "validation": validation}
+# In the README's order.
+BLOCKS: dict[str, Callable[[Path], str]] = {"headline": headline, "one-point": one_point, "trees": trees,
+                                          "validation": validation, "models": models, "timing": timing}
 
 
 def render(docs: Path = DOCS) -> dict[str, str]:
