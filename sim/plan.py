@@ -66,9 +66,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cooldown", type=float, default=0.1, help="share of a run's last arrivals left out of its metrics")
     p.add_argument("--stability", type=float, default=0.1, help="a probe is steady when each SLO metric moves by at "
                    "most this share of its bound between N and 2N requests")
-    p.add_argument("--start-rate", type=float, default=1.0, help="first rate probed, requests/s")
-    p.add_argument("--min-rate", type=float, default=None, help="lowest rate probed (default: --start-rate / 1024)")
-    p.add_argument("--max-rate", type=float, default=None, help="highest rate probed (default: --start-rate x 1024)")
+    p.add_argument("--start-rate", type=float, default=None, help="first rate probed, requests/s (default: half "
+                   "the configuration's saturated throughput, from one run with max_num_seqs requests in flight)")
+    p.add_argument("--min-rate", type=float, default=None, help="lowest rate probed (default: the start / 1024)")
+    p.add_argument("--max-rate", type=float, default=None, help="highest rate probed (default: the start x 1024)")
     p.add_argument("--arrivals", choices=["poisson", "constant", "trace"], default="poisson",
                    help="poisson: Poisson arrivals at the rate (Gamma with --burstiness); constant: request i at "
                         "i / rate (guidellm's constant profile); trace: the workload's own timestamps, time-scaled "
@@ -118,14 +119,14 @@ def settings_from(args: argparse.Namespace) -> PlanSettings:
         raise ConfigError(f"--rate {args.rate:g}: the target load must be > 0 requests/s")
     if args.arrivals != "poisson" and args.burstiness != 1.0:
         raise ConfigError(f"--burstiness {args.burstiness:g} shapes Poisson gaps; --arrivals {args.arrivals} has none")
-    start = args.start_rate
-    if start <= 0:
-        raise ConfigError(f"--start-rate {start:g}: must be > 0 requests/s")
+    for flag, value in (("--start-rate", args.start_rate), ("--min-rate", args.min_rate), ("--max-rate", args.max_rate)):
+        if value is not None and value <= 0:
+            raise ConfigError(f"{flag} {value:g}: must be > 0 requests/s")
     return PlanSettings(
         workload=args.workload, base=_base(args), slos=parse_slos(args.slo), tolerance=args.tolerance,
         num_requests=args.num_requests, max_requests=args.max_requests or 4 * args.num_requests,
-        stability=args.stability, start_rate=start, min_rate=args.min_rate or start / 1024,
-        max_rate=args.max_rate or start * 1024, arrivals=args.arrivals)
+        stability=args.stability, start_rate=args.start_rate, min_rate=args.min_rate, max_rate=args.max_rate,
+        arrivals=args.arrivals)
 
 
 def candidates_from(args: argparse.Namespace) -> list[Candidate]:

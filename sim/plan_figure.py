@@ -8,7 +8,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
 
 from sim.figures import _color, _marker, _save  # noqa: E402
 from sim.plan_run import CandidateResult, PlanSettings, policy_best  # noqa: E402
@@ -34,6 +34,7 @@ def draw(results: list[CandidateResult], settings: PlanSettings, out: Path, titl
         ax.axhline(slo.bound_s, color="black", linestyle="--", linewidth=1.0)
         ax.text(0.01, slo.bound_s, f" SLO {slo}", transform=ax.get_yaxis_transform(), va="bottom", fontsize=8)
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))  # labels within one decade too
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_seconds(v)))
         ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         ax.set_xlabel("request rate per replica (req/s)")

@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from core.files import atomic_write_text
-from sim.plan_run import CandidateResult, PlanSettings, best, policy_best
+from sim.plan_run import START_FRACTION, CandidateResult, PlanSettings, best, policy_best
 from sim.plan_search import Verdict
 from sim.plan_slo import format_seconds
 
@@ -25,12 +25,12 @@ AT_CAPACITY = ("request_throughput", "output_throughput_tok_s", "peak_kv_usage",
 
 
 def row(r: CandidateResult, settings: PlanSettings, rate: float | None) -> dict[str, Any]:
-    c, at = r.candidate, r.verdict_at(r.search.passed)
+    c, at = r.candidate, r.at_capacity
     out: dict[str, Any] = {
         "policy": c.policy, "tree": c.tree_label, "gmu": c.gmu, "max_num_seqs": c.max_num_seqs,
         "max_num_batched_tokens": c.max_num_batched_tokens, "status": r.status,
         "capacity_rps": r.capacity, "gpus_per_replica": r.gpus, "capacity_rps_per_gpu": r.capacity / r.gpus,
-        "failing_rate_rps": r.search.failed, "binding_slo": r.binding,
+        "failing_rate_rps": r.failing_rate, "binding_slo": r.binding,
     }
     for slo in settings.slos:
         out[f"{slo.name}_s"] = slo.value(at.summary) if at else None
@@ -114,7 +114,7 @@ def _gpus_sentence(r: CandidateResult, rate: float | None) -> str:
     where = f"gmu {c.gmu:g}, max_num_seqs {c.max_num_seqs}, max_num_batched_tokens {c.max_num_batched_tokens}"
     where = (f"tree {c.tree_label}, " if c.tree else "") + where
     if r.status == "none_met":
-        return f"**{c.policy}** meets the SLOs at no rate tried (down to {r.search.failed:g} req/s) in any configuration."
+        return f"**{c.policy}** meets the SLOs at no rate tried (down to {r.failing_rate:g} req/s) in any configuration."
     if r.status in ("infeasible", "failed"):
         return f"**{c.policy}** could not run ({r.status}: {r.error})."
     per_gpu = r.capacity / r.gpus
@@ -142,9 +142,11 @@ def report(results: list[CandidateResult], rows: list[dict[str, Any]], settings:
     lines += ["## Per policy (its best configuration)", ""]
     lines += [f"- {_gpus_sentence(r, rate)}" for r in policy_best(results)]
     lines += ["", "## Every configuration", "", _markdown(rows, s), ""]
+    start = (f"{s.start_rate:g} req/s" if s.start_rate else
+             f"{START_FRACTION:g} x its saturated throughput (one run with max_num_seqs requests always in flight)")
     lines += ["## How capacity is decided", "",
               f"A configuration's capacity is the highest request rate, per data-parallel replica, at which every SLO "
-              f"holds, found by doubling or halving the rate from {s.start_rate:g} req/s until one rate passes and one "
+              f"holds, found by doubling or halving the rate from {start} until one rate passes and one "
               f"fails, then bisecting (geometric midpoints) until (failing - passing) / passing <= {s.tolerance:g}. "
               f"Each probe runs the configuration at {s.num_requests} and {2 * s.num_requests} requests; its latency "
               f"metrics leave out the first {args.warmup:.0%} and last {args.cooldown:.0%} of arrivals (an empty engine "

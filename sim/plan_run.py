@@ -23,6 +23,11 @@ from sim.sweep import warm_workloads, workload_signature
 
 Evaluate = Callable[[list[RunConfig]], list[dict[str, Any]]]  # configs -> sweep records, in order
 NO_SPECULATION = "none"  # the state-commit name of the policy that does not speculate
+# Without --start-rate a search starts at this share of the configuration's saturated throughput
+# (one run with max_num_seqs requests always in flight): a rate just below where queues grow,
+# so the search skips the slow low-rate probes; RATE_SPAN bounds the rates either side of it.
+START_FRACTION = 0.5
+RATE_SPAN = 1024.0
 
 
 @dataclass(frozen=True)
@@ -83,9 +88,9 @@ class PlanSettings:
     num_requests: int  # the shorter length of a probe (the longer is twice this)
     max_requests: int
     stability: float  # a steady probe's SLO metrics move by at most this x their bound
-    start_rate: float
-    min_rate: float
-    max_rate: float
+    start_rate: float | None  # None: START_FRACTION x each candidate's saturated throughput
+    min_rate: float | None  # None: the start / RATE_SPAN
+    max_rate: float | None  # None: the start x RATE_SPAN
     arrivals: str  # "poisson" or "trace" (the workload's own timestamps, time-scaled)
 
     def __post_init__(self) -> None:
@@ -149,8 +154,8 @@ def gpus_per_replica(cfg: RunConfig) -> int:
 @dataclass
 class CandidateResult:
     candidate: Candidate
-    search: CapacitySearch
     slos: list[Slo]
+    search: CapacitySearch | None = None  # None until its start rate is known
     probes: dict[float, Probe] = field(default_factory=dict)
     status: str = "searching"  # then found | none_met | above_max | infeasible | failed
     error: str = ""
@@ -167,14 +172,24 @@ class CandidateResult:
     @property
     def capacity(self) -> float:
         """Requests per second per replica at which every SLO holds (0 if none does)."""
-        if self.status in ("found", "above_max") and self.search.passed is not None:
+        if self.status in ("found", "above_max") and self.search and self.search.passed is not None:
             return self.search.passed
         return 0.0
 
     @property
+    def at_capacity(self) -> Verdict | None:
+        """The probe at the highest passing rate."""
+        return self.verdict_at(self.search.passed) if self.search else None
+
+    @property
+    def failing_rate(self) -> float | None:
+        """The lowest rate that broke an SLO."""
+        return self.search.failed if self.search else None
+
+    @property
     def binding(self) -> str:
         """The SLO that breaks first above the capacity: the most violated at the failing rate."""
-        v = self.verdict_at(self.search.failed)
+        v = self.verdict_at(self.failing_rate)
         if v is None or not v.violated:
             return ""
         return max((s for s in self.slos if s.name in v.violated), key=lambda s: _ratio(v, s)).name
@@ -220,16 +235,26 @@ def run_plan(cands: list[Candidate], settings: PlanSettings, evaluate: Evaluate,
     """Search every candidate's capacity; returns one result per candidate, in order."""
     s = settings
     trace = TraceRates(s) if s.arrivals == "trace" else None
-    results = [CandidateResult(c, CapacitySearch(s.start_rate, s.tolerance, s.min_rate, s.max_rate), s.slos)
-               for c in cands]
+    results = [CandidateResult(c, s.slos) for c in cands]
     for r in results:
-        r.gpus = gpus_per_replica(probe_config(s, r.candidate, s.start_rate, s.num_requests, trace))
+        r.gpus = gpus_per_replica(config(s, r.candidate.assignment(), f"plan candidate {r.candidate.label}"))
+    starts = {r.candidate: s.start_rate for r in results}
+    if s.start_rate is None:
+        starts = saturation_starts(results, s, evaluate, log)
+    for r in results:
+        if r.status == "searching":
+            start = starts[r.candidate]
+            lo, hi = s.min_rate or start / RATE_SPAN, s.max_rate or start * RATE_SPAN
+            if s.start_rate is None:  # a measured start stays inside the rates the user allows
+                start = min(max(start, lo), hi)
+            r.search = CapacitySearch(start, s.tolerance, lo, hi)
     rounds = 0
     while True:
         batch: list[tuple[CandidateResult, Probe, int]] = []
         for r in results:
             if r.status != "searching":
                 continue
+            assert r.search is not None
             rate = r.search.next_rate()
             if rate is None:
                 r.status = r.search.outcome or "found"
@@ -251,8 +276,27 @@ def run_plan(cands: list[Candidate], settings: PlanSettings, evaluate: Evaluate,
                 log(f"plan: {r.candidate.label}: {r.status}: {r.error}")
                 continue
             probe.add(n, rec["summary"])
-            if probe.verdict and probe.rate not in r.search.tried:
+            if probe.verdict and r.search and probe.rate not in r.search.tried:
                 r.search.record(probe.rate, probe.verdict.met)
+
+
+def saturation_starts(results: list[CandidateResult], settings: PlanSettings, evaluate: Evaluate,
+                      log: Callable[[str], None]) -> dict[Candidate, float]:
+    """Each candidate's first rate: START_FRACTION x its throughput with max_num_seqs requests in flight."""
+    s = settings
+    log(f"plan: saturated throughput of {len(results)} configurations (the searches start at "
+        f"{START_FRACTION:g} x it)")
+    configs = [config(s, {**r.candidate.assignment(), "num_requests": s.num_requests,
+                          "client.max_concurrency": r.candidate.max_num_seqs}, f"plan start ({r.candidate.label})")
+               for r in results]
+    starts = {}
+    for r, rec in zip(results, evaluate(configs)):
+        if rec["status"] != "ok":
+            r.status, r.error = rec["status"], rec.get("error") or ""
+            log(f"plan: {r.candidate.label}: {r.status}: {r.error}")
+            continue
+        starts[r.candidate] = round_rate(START_FRACTION * rec["summary"]["request_throughput"])
+    return starts
 
 
 def describe(r: CandidateResult) -> str:
@@ -267,7 +311,7 @@ def describe(r: CandidateResult) -> str:
 
 def none_met_message(r: CandidateResult) -> str:
     """Which SLO fails at the lowest rate tried, with its value there."""
-    v = r.verdict_at(r.search.failed)
+    v = r.verdict_at(r.failing_rate)
     assert v is not None
     parts = []
     for slo in r.slos:

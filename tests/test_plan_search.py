@@ -28,10 +28,13 @@ def capacity_of(cfg: RunConfig) -> float:
 def stub_simulate(cfg: RunConfig) -> dict:
     """Below saturation TTFT settles (M/M/1-like); above it the queue grows with the run's length."""
     rate, mu = cfg.client.request_rate, saturation(cfg)
+    if rate is None:  # closed loop at max_num_seqs: the saturated throughput
+        assert cfg.client.max_concurrency == cfg.engine.max_num_seqs
+        return {"request_throughput": mu, "ttft_p99_s": 100.0, "tpot_mean_s": 0.02}
     if rate < mu:
         ttft = BASE_TTFT / (1 - rate / mu)
     else:
-        ttft = BASE_TTFT * 10 + (rate - mu) / rate * cfg.num_requests / mu
+        ttft = BASE_TTFT * 20 + (rate - mu) / rate * cfg.num_requests / mu
     return {"ttft_p99_s": ttft, "tpot_mean_s": 0.02, "request_throughput": min(rate, mu), "completed": cfg.num_requests}
 
 
@@ -73,6 +76,16 @@ def test_search_finds_the_known_capacity_to_its_tolerance(tmp_path):
         assert (r.search.failed - r.capacity) / r.capacity <= s.tolerance
         assert r.binding == "ttft_p99"
     assert best(results).candidate == Candidate("replay", (1, 1, 1), 0.9, 256, 8192)
+
+
+def test_without_a_start_rate_the_search_starts_at_half_the_saturated_throughput(tmp_path):
+    results = run_plan(cands(gmus=(0.9,)), settings(start_rate=None, min_rate=None, max_rate=None),
+                       Counter(tmp_path), log=lambda line: None)
+    for r in results:
+        cfg = RunConfig(policy=r.candidate.policy, engine={"gmu": 0.9})
+        assert r.search.tried[0] == pytest.approx(0.5 * saturation(cfg), rel=1e-4)
+        assert r.search.min_rate == pytest.approx(r.search.start / 1024)
+        assert r.status == "found" and r.capacity <= capacity_of(cfg) < r.failing_rate
 
 
 def test_a_rerun_runs_nothing_and_a_new_candidate_only_its_own_probes(tmp_path):
