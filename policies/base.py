@@ -1,12 +1,28 @@
 """The interface every commit policy implements: memory and cost accounting, no torch."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from policies.tree import DraftTree
 
 if TYPE_CHECKING:
     from core.config import ModelConfig, PolicyConfig
+
+
+class RequestCommitState(Protocol):
+    """A policy's per-request bookkeeping, kept by the engine beside the request."""
+
+    def verify_work(self) -> tuple[int, bool]:
+        """(cached tokens this verify replays before the tree, whether its commit writes the state back)."""
+        ...
+
+    def committed(self, accepted_tokens: int) -> None:
+        """A verify completed, accepting this many tokens (bonus included)."""
+        ...
+
+    def reset(self) -> None:
+        """The request was preempted: its state is recomputed from scratch."""
+        ...
 
 
 class CommitPolicy:
@@ -55,13 +71,10 @@ class CommitPolicy:
         """Scratch a verify step needs per sequence beyond the persistent pages (all layers)."""
         return 0
 
-    def replay_tokens(self, steps_since_flush: int, accepted_since_flush: int) -> int:
-        """Cached tokens the verify pass replays before the tree (replay only)."""
-        return 0
-
-    def flushes(self, steps_since_flush: int) -> bool:
-        """Whether commit at this step writes the state back (replay flushes every m steps)."""
-        return True
+    def request_state(self) -> "RequestCommitState | None":
+        """What the policy tracks per request between verify steps (replay's input cache);
+        None when a verify's work depends on nothing from earlier steps."""
+        return None
 
     def commit_is_index_update(self) -> bool:
         """True when commit moves no state: the next verify reads the accepted slot in place."""

@@ -39,8 +39,30 @@ class Replay(CommitPolicy):
         per_layer = self.cached_input_bytes_per_token_per_layer() // self.model.tensor_parallel
         return self.model.gdn_layers * self.cache_slots() * per_layer
 
-    def replay_tokens(self, steps_since_flush: int, accepted_since_flush: int) -> int:
-        return accepted_since_flush
+    def request_state(self) -> "ReplayCache":
+        return ReplayCache(self.flush_interval)
 
-    def flushes(self, steps_since_flush: int) -> bool:
-        return steps_since_flush + 1 >= self.flush_interval
+
+class ReplayCache:
+    """One request's input cache: the verify replays the tokens accepted since the last flush,
+    and every `flush_interval`-th verify's commit writes the state back and empties it."""
+
+    __slots__ = ("flush_interval", "steps", "tokens")
+
+    def __init__(self, flush_interval: int) -> None:
+        self.flush_interval = flush_interval
+        self.steps = 0  # verify steps since the last flush
+        self.tokens = 0  # accepted tokens cached since then
+
+    def verify_work(self) -> tuple[int, bool]:
+        return self.tokens, self.steps + 1 >= self.flush_interval
+
+    def committed(self, accepted_tokens: int) -> None:
+        if self.steps + 1 >= self.flush_interval:
+            self.steps = self.tokens = 0
+        else:
+            self.steps += 1
+            self.tokens += accepted_tokens
+
+    def reset(self) -> None:
+        self.steps = self.tokens = 0

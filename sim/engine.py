@@ -1,11 +1,13 @@
 """The engine: one SimPy process stepping a vLLM-v1-style continuous-batching loop.
 
-Each step: the scheduler picks tokens and allocates blocks (preempting if it must),
-the latency model prices the batch, simulated time advances by that step time, then
-every scheduled request is updated at once: prefill progress, or a verify step whose
-accepted length comes from the request's own acceptance stream. Output tokens are
-emitted at the end of the step that produced them. Per-step work is O(scheduled
-requests); there are no per-token or per-request-per-step events.
+Each step is vLLM's plan, execute, update: the scheduler's `schedule` picks tokens and
+allocates blocks (preempting if it must) into a `StepPlan` keyed by request; the latency
+model prices the batch and simulated time advances by that step time; the step's result
+(`_execute`: drafts accepted per verifying request, from the request's own acceptance
+stream) goes back through `Scheduler.update_from_output`, which advances every
+scheduled request at once, emits its tokens at the end of the step that produced them
+and retires the finished ones. Per-step work is O(scheduled requests); there are no
+per-token or per-request-per-step events.
 
 Async scheduling (`EngineConfig.async_scheduling`, vLLM's default with MTP): step N+1
 is planned when step N starts, before step N's outputs are processed, as vLLM's
@@ -33,7 +35,7 @@ from sim.metrics import StepLog
 from sim.pool import Pool
 from sim.request import Request, Status
 from sim.scheduler import Scheduler, StepPlan
-from sim.step_trace import TracedRequest, assemble_batch
+from sim.step_trace import BatchRequest, TracedRequest, assemble_batch
 from workloads.base import RequestSpec
 
 @dataclass
@@ -56,7 +58,6 @@ class Engine:
         self.draft_depth = policy.model.mtp_depth
         self.spec_enabled = scheduler.verify_positions > 1
         self.tree_forces_eager = policy.forces_eager()
-        self.replay = policy.name == "replay"
         # vLLM's capture sizes (sim.dispatch): fixed for the run, so asked once
         self.capture_sizes = capture_sizes(scheduler.max_seqs, scheduler.max_tokens, scheduler.verify_positions)
         self.async_scheduling = scheduler.async_scheduling
@@ -117,7 +118,7 @@ class Engine:
     def _plan(self, now: float, step_in_flight: bool) -> StepPlan | None:
         """The scheduler's next step; None when it holds no request (plan again later)."""
         plan = self.scheduler.schedule(now)
-        if plan.reqs:
+        if plan.scheduled:
             return plan
         if plan.preempted:
             if self.steps.trace:
@@ -129,20 +130,20 @@ class Engine:
         raise RuntimeError(f"engine stalled at t={now}: {len(sched.waiting)} waiting, nothing schedulable")
 
     def _batch(self, plan: StepPlan) -> StepBatch:
-        policy, replay, sched = self.policy, self.replay, self.scheduler
-        vp = sched.verify_positions
+        """The StepBatch the latency model prices for this plan."""
+        vp = self.scheduler.verify_positions
         trace = self.steps.trace
-        widths = policy.tree.widths
-        reqs: list[tuple[int, int, bool, bool, int, bool]] = []
+        widths = self.policy.tree.widths
+        reqs: list[BatchRequest] = []
         traced: list[TracedRequest] = []
-        for req, n, spec in zip(plan.reqs, plan.tokens, plan.spec):
+        for s in plan.scheduled.values():
+            req, n, spec = s.req, s.tokens, s.spec
             replayed, flush = 0, True
-            if spec and replay:
-                replayed = policy.replay_tokens(req.steps_since_flush, req.tokens_since_flush)
-                flush = policy.flushes(req.steps_since_flush)
+            if spec and req.commit_state is not None:
+                replayed, flush = req.commit_state.verify_work()
             # A 1-token step at the end of the known tokens decodes; anything else is a prompt chunk.
             decoding = spec or (n == 1 and req.computed + 1 == req.num_tokens)
-            reqs.append((n, req.computed, decoding, spec, replayed, flush))
+            reqs.append(BatchRequest(n, req.computed, decoding, spec, replayed, flush))
             if trace:
                 # A chain truncated to the token budget verifies its first n - 1 drafts. A verify's
                 # accepted count is reported when it completes (StepLog.accepted); one whose outputs
@@ -154,62 +155,27 @@ class Engine:
                               sizes=self.capture_sizes,
                               full_graph_ok=not self.tree_forces_eager, requests=tuple(traced))
 
-    def _complete(self, plan: StepPlan, now: float) -> None:
-        """Process a step's outputs: progress, accepted drafts, emitted tokens, finished requests."""
-        finished = False
-        spec_enabled = self.spec_enabled
+    def _execute(self, plan: StepPlan) -> dict[int, int]:
+        """The step's sampled result: drafts accepted per verifying request, from its acceptance stream."""
+        accepted: dict[int, int] = {}
         trace = self.steps.trace
-        for req, n, spec, samples in zip(plan.reqs, plan.tokens, plan.spec, plan.samples):
-            status = req.status
-            if status is Status.FINISHED:
-                continue  # async: an earlier step's outputs ended it; this step's tokens are discarded
-            # Async: preempted while this step ran. Its sampled tokens still count (vLLM appends
-            # them); its KV and state are recomputed from scratch, so progress is not kept.
-            preempted = status is Status.WAITING
-            if not preempted:
-                req.inflight -= n
-            if spec:
-                a = req.acceptance.accepted_drafts()
-                if a > n - 1:
-                    a = n - 1  # a truncated chain verified only n - 1 drafts
-                if trace:
-                    self.steps.accepted(req.rid, a + 1)
-                req.spec_steps += 1
-                req.spec_tokens += a + 1
-                emit = a + 1
-                if not preempted:
-                    req.computed += 1 + a  # the root token and the accepted drafts; the bonus is sampled
-                    if self.replay:
-                        if self.policy.flushes(req.steps_since_flush):
-                            req.steps_since_flush = req.tokens_since_flush = 0
-                        else:
-                            req.steps_since_flush += 1
-                            req.tokens_since_flush += a + 1
-            else:
-                if not preempted:
-                    req.computed += n
-                emit = 1 if samples else 0  # a prompt chunk samples a token only when it is the last
-            if not emit:
-                continue
-            left = req.output - req.generated
-            if emit > left:
-                emit = left  # the request stops at its output length; extra accepted tokens are dropped
-            if req.generated == 0:
-                req.first_token_s = now
-            req.generated += emit
-            req.token_times.append(now)
-            if not preempted:
-                req.has_draft = spec_enabled  # the drafter ran over this request's new tokens
-            if req.generated >= req.output:
-                self.scheduler.finish(req)
-                req.status = Status.FINISHED
-                req.finish_s = now
-                finished = True
-                if trace:
-                    self.steps.events.append((now, "finish", req.rid))
-                self.on_done(req)
-        if finished:
-            self.scheduler.running = [r for r in self.scheduler.running if r.status is Status.RUNNING]
+        for rid, s in plan.scheduled.items():
+            if not s.spec or s.req.status is Status.FINISHED:
+                continue  # async: a finished request's verify is discarded, nothing is drawn for it
+            a = s.req.acceptance.accepted_drafts()
+            if a > s.tokens - 1:
+                a = s.tokens - 1  # a truncated chain verified only n - 1 drafts
+            if trace:
+                self.steps.accepted(rid, a + 1)
+            accepted[rid] = a
+        return accepted
+
+    def _complete(self, plan: StepPlan, now: float) -> None:
+        """The step's outputs to the scheduler; finished requests back to the client."""
+        for req in self.scheduler.update_from_output(plan, self._execute(plan), now):
+            if self.steps.trace:
+                self.steps.events.append((now, "finish", req.rid))
+            self.on_done(req)
 
 
 def run_engine(specs: Sequence[RequestSpec], *, pool: Pool, policy: CommitPolicy, latency: LatencyModel,
@@ -256,7 +222,8 @@ def run_engine(specs: Sequence[RequestSpec], *, pool: Pool, policy: CommitPolicy
     steps = StepLog(trace)
     sim = Engine(env, scheduler, latency, policy, steps)
     times = [0.0] * len(specs) if arrivals is None else [float(t) for t in arrivals]
-    requests = [Request(s, t, acceptance.stream(s.request_id, s.category) if spec_on else None)
+    requests = [Request(s, t, acceptance.stream(s.request_id, s.category) if spec_on else None,
+                        policy.request_state())
                 for s, t in zip(specs, times)]
     client = Client(env, requests, max_concurrency, sim.submit, round_trip_s)
     sim.on_done = client.on_done

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from core.interp import Curve1D, from_rows
 from core.tables import HOST_COLUMNS, HOST_OPS, HOST_POLICY_COLUMNS, HOST_POLICY_OPS, TableError, read_rows
@@ -154,11 +155,19 @@ class HostCosts:
         return cls(curves, step_overhead_us, scale, step_source, groups)
 
 
-def pipeline(ops: Sequence[tuple[float, float, int, int]], prepare_us: float, finish_us: float,
+class PipelineOp(NamedTuple):
+    """One op of a step: its GPU time adds `count` x cores[core], the attention cores that depend
+    on the step's contexts (so one op list serves every step of a batch shape)."""
+
+    host_us: float  # the cost to issue it
+    gpu_us: float
+    core: int
+    count: int
+
+
+def pipeline(ops: Sequence[PipelineOp], prepare_us: float, finish_us: float,
              async_scheduling: bool = False, cores: Sequence[float] = (0.0,), host_total_us: float | None = None) -> float:
-    """Step time (us) of ops issued in order; see the module doc. An op is (host cost, GPU time,
-    core, count): its GPU time adds `count` x cores[core], the attention cores that depend on the
-    step's contexts (so one op list serves every step of a batch shape). `host_total_us`, the sum
+    """Step time (us) of ops issued in order; see the module doc. `host_total_us`, the sum
     of the host costs, may be passed precomputed (async scheduling needs it)."""
     h = 0.0 if async_scheduling else prepare_us
     gpu = 0.0

@@ -22,6 +22,8 @@ TERMS: tuple[str, ...] = (
     "allreduce",    # tensor-parallel all-reduces (2 per layer)
     "overhead",     # fixed per-step CPU/launch overhead
 )
+US = 1e-6  # seconds per microsecond: the tables are in microseconds
+STEP_MEMO = 200_000  # distinct batch shapes whose context-free pricing a model keeps
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from workloads.base import RequestSpec
 
 if TYPE_CHECKING:
+    from policies.base import RequestCommitState
     from sim.acceptance import AcceptanceStream
 
 
@@ -37,11 +38,11 @@ class Request:
         "computed", "generated", "units", "has_draft", "inflight",
         "preemptions", "enqueued_s", "waiting_s", "waited_for_memory", "memory_epoch",
         "first_scheduled_s", "first_token_s", "finish_s", "token_times",
-        "spec_steps", "spec_tokens", "acceptance",
-        "steps_since_flush", "tokens_since_flush",
+        "spec_steps", "spec_tokens", "acceptance", "commit_state",
     )
 
-    def __init__(self, spec: RequestSpec, arrival_s: float, acceptance: "AcceptanceStream | None") -> None:
+    def __init__(self, spec: RequestSpec, arrival_s: float, acceptance: "AcceptanceStream | None",
+                 commit_state: "RequestCommitState | None" = None) -> None:
         self.spec = spec
         self.rid = spec.request_id
         self.prompt = spec.prompt_tokens
@@ -68,8 +69,7 @@ class Request:
         self.spec_steps = 0  # verify steps
         self.spec_tokens = 0  # tokens those steps accepted, bonus included (before output truncation)
         self.acceptance = acceptance
-        self.steps_since_flush = 0  # replay: verify steps since the last state write-back
-        self.tokens_since_flush = 0  # replay: accepted tokens cached since then
+        self.commit_state = commit_state  # the policy's bookkeeping between verifies (replay's input cache)
 
     @property
     def num_tokens(self) -> int:

@@ -39,14 +39,22 @@ REJECT_CONTEXT = "exceeds_context"  # prompt + output longer than the model's ma
 REJECT_POOL = "exceeds_pool"  # the request alone, at full length, needs more than the whole pool
 
 
+@dataclass(slots=True)
+class ScheduledRequest:
+    """One request's part of a step."""
+
+    req: Request
+    tokens: int  # target tokens scheduled
+    spec: bool  # verifies a draft this step (tokens - 1 drafts)
+    samples: bool  # the step reaches the request's last known token
+
+
 @dataclass
 class StepPlan:
-    """One step's schedule: parallel lists (cheap to build and walk)."""
+    """One step's schedule keyed by request id, as vLLM's `SchedulerOutput` (its
+    `num_scheduled_tokens` and `scheduled_spec_decode_tokens`); in scheduling order."""
 
-    reqs: list[Request] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)  # target tokens scheduled per request
-    spec: list[bool] = field(default_factory=list)  # verifies a draft this step (tokens - 1 drafts)
-    samples: list[bool] = field(default_factory=list)  # the step reaches the request's last known token
+    scheduled: dict[int, ScheduledRequest] = field(default_factory=dict)
     preempted: list[Request] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
 
@@ -196,10 +204,7 @@ class Scheduler:
 
     @staticmethod
     def _add(plan: StepPlan, req: Request, computed: int, n: int, spec: bool) -> None:
-        plan.reqs.append(req)
-        plan.tokens.append(n)
-        plan.spec.append(spec)
-        plan.samples.append(spec or computed + n >= req.num_tokens)
+        plan.scheduled[req.rid] = ScheduledRequest(req, n, spec, spec or computed + n >= req.num_tokens)
         req.inflight += n
 
     def _preempt(self, req: Request, now: float) -> None:
@@ -210,16 +215,66 @@ class Scheduler:
         req.has_draft = False
         req.preemptions += 1
         req.waited_for_memory = True
-        req.steps_since_flush = 0
-        req.tokens_since_flush = 0
+        if req.commit_state is not None:
+            req.commit_state.reset()
         req.status = Status.WAITING
         req.enqueued_s = now
         req.memory_epoch = self.memory_blocked_steps
         self.waiting.appendleft(req)
         self.preemptions += 1
 
-    def finish(self, req: Request) -> None:
-        """Free a finished request's blocks (the caller removes it from `running`).
+    # ------------------------------------------------------------------ outputs
+    def update_from_output(self, plan: StepPlan, accepted: dict[int, int], now: float) -> list[Request]:
+        """Process a step's outputs (vLLM's `Scheduler.update_from_output`): progress, the drafts
+        `accepted` per verifying request, emitted tokens; returns the requests it finished, whose
+        blocks are freed and who leave `running`."""
+        finished: list[Request] = []
+        spec_enabled = self.verify_positions > 1
+        for rid, s in plan.scheduled.items():
+            req, n = s.req, s.tokens
+            status = req.status
+            if status is Status.FINISHED:
+                continue  # async: an earlier step's outputs ended it; this step's tokens are discarded
+            # Async: preempted while this step ran. Its sampled tokens still count (vLLM appends
+            # them); its KV and state are recomputed from scratch, so progress is not kept.
+            preempted = status is Status.WAITING
+            if not preempted:
+                req.inflight -= n
+            if s.spec:
+                a = accepted[rid]
+                req.spec_steps += 1
+                req.spec_tokens += a + 1
+                emit = a + 1
+                if not preempted:
+                    req.computed += 1 + a  # the root token and the accepted drafts; the bonus is sampled
+                    if req.commit_state is not None:
+                        req.commit_state.committed(a + 1)
+            else:
+                if not preempted:
+                    req.computed += n
+                emit = 1 if s.samples else 0  # a prompt chunk samples a token only when it is the last
+            if not emit:
+                continue
+            left = req.output - req.generated
+            if emit > left:
+                emit = left  # the request stops at its output length; extra accepted tokens are dropped
+            if req.generated == 0:
+                req.first_token_s = now
+            req.generated += emit
+            req.token_times.append(now)
+            if not preempted:
+                req.has_draft = spec_enabled  # the drafter ran over this request's new tokens
+            if req.generated >= req.output:
+                self._finish(req)
+                req.status = Status.FINISHED
+                req.finish_s = now
+                finished.append(req)
+        if finished:
+            self.running = [r for r in self.running if r.status is Status.RUNNING]
+        return finished
+
+    def _finish(self, req: Request) -> None:
+        """Free a finished request's blocks.
 
         Under async scheduling a request preempted while its last step ran finishes from
         the waiting queue (vLLM's `stopped_preempted_reqs`)."""

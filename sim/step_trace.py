@@ -24,7 +24,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from core.config import EngineConfig, ModelConfig
 from core.files import atomic_write_text
@@ -37,7 +37,7 @@ REQUEST_FIELDS = ("rid", "prefill", "context", "tree", "accepted", "replayed", "
 HEAD = ("step", "time_s", "kind", "num_seqs", "num_tokens", "prefill_tokens", "predicted_us")
 TERM_PREFIX = "us_"
 
-__all__ = ["STEP_KINDS", "StepTraceError", "TracedRequest", "TracedStep", "assemble_batch", "batch_of",
+__all__ = ["STEP_KINDS", "BatchRequest", "StepTraceError", "TracedRequest", "TracedStep", "assemble_batch", "batch_of",
            "read_steps", "write_steps"]
 
 
@@ -78,11 +78,18 @@ class TracedStep:
 
 
 # --------------------------------------------------------------------- batches
-# Per scheduled request: (query tokens, context, decoding, verifies a tree, replayed tokens, flushes).
-ScheduledRequest = tuple[int, int, bool, bool, int, bool]
+class BatchRequest(NamedTuple):
+    """One scheduled request as the latency model sees it."""
+
+    query_tokens: int
+    context: int  # tokens already in the KV cache
+    decoding: bool  # a decode (verify or 1 token), not a prompt chunk
+    spec: bool  # verifies a draft tree
+    replayed: int  # replay policy: cached tokens replayed before the tree
+    flush: bool  # the commit writes the state back (other policies: always)
 
 
-def assemble_batch(reqs: Iterable[ScheduledRequest], *, verify_positions: int, draft_depth: int,
+def assemble_batch(reqs: Iterable[BatchRequest], *, verify_positions: int, draft_depth: int,
                    sizes: Sequence[int], full_graph_ok: bool,
                    requests: tuple[TracedRequest, ...] = ()) -> StepBatch:
     """The StepBatch of one step's scheduled requests, dispatched by vLLM's rules
@@ -135,7 +142,7 @@ def batch_of(step: TracedStep, model: ModelConfig, policy: CommitPolicy, engine:
         raise StepTraceError("batch_of needs engine.max_num_seqs and engine.max_num_batched_tokens resolved "
                              "(read them from the steps file's meta, not EngineConfig defaults)")
     vp, depth, sizes, full_ok = step_shape(model, policy, engine.max_num_seqs, engine.max_num_batched_tokens)
-    return assemble_batch(((r.query_tokens, r.context, r.prefill == 0, bool(r.tree), r.replayed, r.flush)
+    return assemble_batch((BatchRequest(r.query_tokens, r.context, r.prefill == 0, bool(r.tree), r.replayed, r.flush)
                            for r in step.requests), verify_positions=vp, draft_depth=depth, sizes=sizes,
                           full_graph_ok=full_ok, requests=step.requests)
 

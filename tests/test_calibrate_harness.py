@@ -102,7 +102,7 @@ def test_every_table_written_with_schema(measured):
 
 
 def test_decode_conv_table_per_policy(measured):
-    from sim.latency_calibrated import load_decode_conv
+    from sim.calibration_tables import load_decode_conv
 
     mdir, _, _ = measured
     rows = list(csv.DictReader((mdir / "gdn_decode_conv.csv").open()))

@@ -262,6 +262,18 @@ def _drafter_allreduce(per_256):
     return 2 * per_256 + 2 * 2 * per_64
 
 
+def test_a_batch_shape_is_built_once(tmp_path, monkeypatch):
+    # The op list of a shape is built once; a new context only re-prices the attention cores.
+    lm = load(make_tables(tmp_path))
+    built = []
+    shape = type(lm.pricer).shape
+    monkeypatch.setattr(type(lm.pricer), "shape", lambda self, b: built.append(b.num_seqs) or shape(self, b))
+    batches = [decode(b, ctx=1000 + 7 * i) for i, b in enumerate(list(range(1, 65)) * 4)]
+    times = [lm.step_time(b).total_s for b in batches]
+    assert sorted(built) == list(range(1, 65))
+    assert times[:64] != times[64:128]  # the contexts differ, so the steps do
+
+
 def test_unmeasured_chain_length_is_interpolated_between_measured_chains(tmp_path):
     root = make_tables(tmp_path, kernels=False)
     cols = ("model", "policy", "B", "T", "tree", "verify_us", "commit_us", "total_us", "mode")
@@ -355,7 +367,7 @@ def test_varlen_prefill_is_one_call_per_layer(tmp_path):
     write_host(root / MODEL, gdn_prefill=1000.0)
     lm = load(root, pricing="pipeline", async_scheduling=False)
     four = step([(100, 0, False, False)] * 4)
-    _, ops, *_ = lm._pipeline_shape(four)
+    _, ops, *_ = lm.pricer.shape(four)
     assert sum(1 for h, *_ in ops if h == pytest.approx(1000.0)) == GDN_LAYERS  # not one per prefilling request
     # GPU time without a varlen table: the one-sequence curve at the chunk-rounded total (4 x 128)
     t = lm.step_time(four).terms

@@ -124,8 +124,9 @@ def plans(monkeypatch):
 
     def recording(self, now):
         plan = schedule(self, now)
-        for req, n, spec in zip(plan.reqs, plan.tokens, plan.spec):
-            seen.append((req.rid, req.computed + req.inflight - n, n, req.num_tokens, spec))
+        for rid, s in plan.scheduled.items():
+            req, n = s.req, s.tokens
+            seen.append((rid, req.computed + req.inflight - n, n, req.num_tokens, s.spec))
         return plan
 
     monkeypatch.setattr(Scheduler, "schedule", recording)

@@ -1,0 +1,71 @@
+"""Reading a model's calibration tables (`results/calibration/<gpu>/<model>/*.csv`) into curves.
+
+Each layer table of core.tables.TABLES becomes one interpolator per mode (graph, eager);
+the decode-core conv table one curve per policy; step_check.csv the host overhead per step.
+"""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from core.config import HardwareConfig
+from core.interp import Curve1D, GridInterpolator, from_rows
+from core.tables import DECODE_CONV, DECODE_CONV_COLUMNS, STEP_COLUMNS, TABLES, TableError, read_rows
+
+MODES = ("graph", "eager")
+
+
+def load_tables(mdir: Path, *, extrapolate: bool = True) -> dict[tuple[str, str], GridInterpolator]:
+    """Every layer table in TABLES, both modes; a missing required or partial table is an error."""
+    out = {}
+    for name, spec in TABLES.items():
+        if not spec.required and not (mdir / f"{name}.csv").exists():
+            continue
+        rows = read_rows(mdir / f"{name}.csv")
+        for mode in MODES:
+            sel = [r for r in rows if r["mode"] == mode]
+            if not sel and not spec.required:  # e.g. a kernel that could not be graph-captured
+                sel = [r for r in rows if r["mode"] != mode]
+            if not sel:
+                raise TableError(f"{mdir / name}.csv: no rows with mode={mode!r}")
+            try:
+                out[(name, mode)] = from_rows(f"{mdir.name}/{name}[{mode}]", sel, spec.axes, spec.scales,
+                                              fill_low=spec.fill_low, extrapolate=extrapolate)
+            except ValueError as e:
+                raise TableError(f"{mdir / name}.csv: {e}") from None
+    return out
+
+
+def load_decode_conv(mdir: Path, policy: str, *, extrapolate: bool = True) -> Curve1D | None:
+    """The GPU time of one GDN layer's decode core outside the policy's kernels (gdn_decode_conv.csv,
+    the policy's graph rows) over decode tokens; None where it was not measured."""
+    path = mdir / f"{DECODE_CONV}.csv"
+    if not path.exists():
+        return None
+    rows = [r for r in read_rows(path, DECODE_CONV_COLUMNS) if r["policy"] == policy and r["mode"] == "graph"]
+    if not rows:
+        return None
+    try:
+        return from_rows(f"{mdir.name}/{DECODE_CONV}[{policy}]", rows, ("tokens",), ("log",),
+                         extrapolate=extrapolate).partial()
+    except ValueError as e:
+        raise TableError(f"{path}: {e}") from None
+
+
+def derived_scale(hw: HardwareConfig, kind: str) -> float:
+    return float(hw.scaling[kind]) if hw.derived else 1.0
+
+
+def load_overhead(mdir: Path) -> float | None:
+    """Median host overhead per step (host loop time minus GPU time), from step_check.csv.
+
+    Graph-mode rows only: there the GPU time is exact, and what remains is the upload,
+    launch, download and sync that every step pays. Eager rows already carry the
+    launch cost in the eager tables, and their host/GPU difference is launch jitter.
+    """
+    path = mdir / "step_check.csv"
+    if not path.exists():
+        return None
+    rows = [r for r in read_rows(path, STEP_COLUMNS) if r["mode"] == "graph"]
+    return statistics.median(max(0.0, r["host_step_us"] - r["step_us"]) for r in rows) if rows else None
+

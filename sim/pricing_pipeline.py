@@ -1,0 +1,208 @@
+"""The pipeline pricing of a step (`engine.latency_pricing: pipeline`, the default).
+
+Every op is priced by its GPU time from the graph-mode tables at the token counts the
+step really has (dense parts at the padded capture size), and the host is a model of
+its own (sim.host_model): the ops are issued in vLLM's order for the step's dispatch
+mode (sim.dispatch) and run as a two-resource pipeline.
+  FULL       step_prepare, one full-graph replay (every target layer), sampling, the
+             drafter passes, step_finish;
+  PIECEWISE  per layer a graph piece (its dense part and MoE) then its eager core:
+             attention = one paged-attention call over all requests (decode contexts,
+             each prefill chunk with its own context); GDN = the verify call and the
+             commit for the decoding requests (the policy's kernels, kernels.csv, plus
+             the core's gating, conv verify/commit and q/k norms over the decode tokens,
+             `gdn_decode_conv` of the run's policy where measured), ONE varlen prefill
+             call for all prefill sequences (`gdn_prefill_varlen` [tokens, seqs] where
+             measured, else the one-sequence `gdn_prefill` curve at the chunk-rounded
+             token total); `gdn` holds only the layer's dense halves around its core;
+  EAGER      as PIECEWISE with the dense parts launched eagerly (above the largest
+             capture size).
+The drafter runs K passes whenever the step drafts: the first over all target
+tokens, then one over R x width tokens per depth (vLLM drafts for every request).
+Terms are GPU times; `overhead` is what the host adds on top (step_prepare,
+step_finish and launch stalls), so the terms still sum to the step time.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+from sim.host_model import PipelineOp, pipeline
+from sim.latency import STEP_MEMO, TERMS, US, StepBatch, StepTime
+
+if TYPE_CHECKING:
+    from sim.latency_calibrated import CalibratedLatencyModel
+
+FLA_CHUNK = 64  # tokens: fla's chunk size; a varlen call runs each sequence in whole chunks
+
+
+class PipelineParts(NamedTuple):
+    """sim.host_model.pipeline's arguments for one step, and the GPU time per term."""
+
+    terms_us: dict[str, float]  # GPU us per term, overhead excluded
+    ops: list[PipelineOp]
+    prepare_us: float
+    finish_us: float
+    cores_us: list[float]  # the attention cores the ops refer to (PipelineOp.core)
+    host_total_us: float  # the ops' host costs summed
+
+
+class ShapeParts(NamedTuple):
+    """What a step's pricing takes from its shape alone (not its contexts): built once per shape."""
+
+    terms_us: dict[str, float]  # context-free GPU us per term
+    ops: list[PipelineOp]
+    host_total_us: float
+    later_pass_widths: tuple[int, ...]  # the drafter's later passes: each has its own attention core
+    prepare_us: float
+    finish_us: float
+
+
+class PipelinePricing:
+    def __init__(self, lat: "CalibratedLatencyModel") -> None:
+        self.lat = lat
+        self._shapes: dict[tuple, ShapeParts] = {}
+
+    def step_time(self, b: StepBatch) -> StepTime:
+        us, ops, prepare, finish, cores, host_total = self.parts(b)
+        total = pipeline(ops, prepare, finish, self.lat.async_scheduling, cores, host_total)
+        us["overhead"] = max(0.0, total - sum(us.values()))
+        return StepTime({t: us[t] * US for t in TERMS}, b.graph_mode)
+
+    def parts(self, b: StepBatch) -> PipelineParts:
+        """The step's pipeline arguments (calibrate.host_fit re-runs the pipeline with other host scales)."""
+        # The attention cores depend on the contexts; everything else on the batch shape,
+        # so that part (terms and the op list) is built once per distinct shape.
+        key = (b.graph_mode, b.num_tokens, b.padded_tokens, b.num_seqs, b.decode_seqs, b.spec_seqs,
+               b.verify_positions, b.truncated, b.prefill_tokens, tuple(t for t, _ in b.chunks), b.replay_tokens,
+               b.flush_seqs, b.draft_depth)
+        built = self._shapes.get(key)
+        if built is None:
+            built = self.shape(b)
+            if len(self._shapes) < STEP_MEMO:
+                self._shapes[key] = built
+        # Core 0: the target's (and the first drafter pass's) attention core; then one per later pass.
+        cores = [self._attention_core_us(b, b.decode_seqs, b.decode_tokens, b.chunks)]
+        cores += [self._attention_core_us(b, b.num_seqs, b.num_seqs * w, ()) for w in built.later_pass_widths]
+        us = dict(built.terms_us)
+        us["attention"] += self.lat.model.attn_layers * cores[0]
+        if b.draft_depth:
+            us["drafter"] += sum(cores)
+        return PipelineParts(us, built.ops, built.prepare_us, built.finish_us, cores, built.host_total_us)
+
+    def shape(self, b: StepBatch) -> ShapeParts:
+        lat = self.lat
+        m, host, g = lat.model, lat.host, "graph"
+        mode = b.graph_mode
+        n, R, B, P = b.num_tokens, b.num_seqs, b.decode_seqs, b.prefill_seqs
+        N = n if mode == "eager" else b.run_tokens  # graphs run at the padded size
+        gdn_dense, attn_dense, moe = lat.token_part_us("gdn", g, N), lat.token_part_us("attn_proj", g, N), \
+            lat.moe_us(g, N)
+        ar = 2 * lat.allreduce_s(N) / US
+        verify, commit = self._gdn_decode_us(b)
+        prefill = self._gdn_prefill_us(b)
+        rows = b.decode_tokens + P  # logits rows: every verify position, each prefill's last token
+        lm = lat.token_part_us("lm_head", g, rows)
+        passes, widths = self._drafter_passes(b, N)
+
+        us = dict.fromkeys(TERMS, 0.0)
+        us["gdn"] = m.gdn_layers * gdn_dense
+        us["gdn_verify"] = m.gdn_layers * (verify + prefill)
+        us["gdn_commit"] = m.gdn_layers * commit
+        us["attention"] = m.attn_layers * attn_dense  # + the cores, per step
+        us["moe"] = m.num_layers * moe
+        us["lm_head"] = lm
+        us["allreduce"] = m.num_layers * ar + sum(2 * lat.allreduce_s(t) / US for t, _ in passes)
+        us["drafter"] = sum(gpu for _, gpu in passes)  # + the cores, per step
+
+        ops: list[PipelineOp] = []
+        if mode == "full":
+            target = sum(us[t] for t in ("gdn", "gdn_verify", "gdn_commit", "attention", "moe")) + m.num_layers * ar
+            # one replay, its attention cores in it
+            ops.append(PipelineOp(host.us("full_graph", N), target, 0, m.attn_layers))
+        else:
+            core: dict[str, list[PipelineOp]] = {"attn": [PipelineOp(host.us("attn_core", R), 0.0, 0, 1)], "gdn": []}
+            if B:
+                core["gdn"].append(PipelineOp(host.us("gdn_verify", B), verify, 0, 0))
+                if not lat.policy.commit_is_index_update():
+                    core["gdn"].append(PipelineOp(host.us("gdn_commit", B), commit, 0, 0))
+            if P:
+                core["gdn"].append(PipelineOp(host.us("gdn_prefill", P), prefill, 0, 0))
+            dense = {"gdn": gdn_dense, "attn": attn_dense}
+            if mode == "piecewise":
+                piece = host.us("piece_graph", N)
+                for kind in lat.layer_kinds:
+                    ops.append(PipelineOp(piece, dense[kind] + moe + ar, 0, 0))
+                    ops += core[kind]
+                ops.append(PipelineOp(piece, 0.0, 0, 0))  # final norm: the last piece
+            else:
+                issue = {"gdn": host.us("eager_dense_gdn", n), "attn": host.us("eager_dense_attn", n)}
+                moe_issue = host.us("eager_moe", n)
+                for kind in lat.layer_kinds:
+                    ops.append(PipelineOp(issue[kind], dense[kind] + ar / 2, 0, 0))
+                    ops += core[kind]
+                    ops.append(PipelineOp(moe_issue, moe + ar / 2, 0, 0))
+        ops.append(PipelineOp(host.us("sample", rows), lm, 0, 0))
+        ops += [PipelineOp(host.us("drafter_pass", t), gpu + 2 * lat.allreduce_s(t) / US, i, 1)
+                for i, (t, gpu) in enumerate(passes)]
+        return ShapeParts(us, ops, sum(op.host_us for op in ops), widths, host.us("step_prepare", R),
+                          host.us("step_finish", R))
+
+    def _attention_core_us(self, b: StepBatch, seqs: int, dec_tokens: int,
+                           chunks: tuple[tuple[int, int], ...]) -> float:
+        """One attention core over the decoding requests (at their mean context) and each prefill chunk."""
+        lat = self.lat
+        t = 0.0
+        if seqs:
+            ctx = (b.context_tokens - sum(c for _, c in chunks)) / seqs
+            per_seq = dec_tokens / seqs
+            t += lat.derived_factor(per_seq * lat.q_per_kv) * \
+                lat.tables[("attn_decode", "graph")].partial(seqs, per_seq)(ctx)
+        prefill = lat.tables[("attn_prefill", "graph")]
+        for tokens, ctx in chunks:  # chunk sizes repeat (the budget): their context curves are memoised
+            t += lat.derived_factor(tokens) * prefill.partial(tokens)(ctx)
+        return t
+
+    def _gdn_decode_us(self, b: StepBatch) -> tuple[float, float]:
+        """(verify, commit) GPU time of one GDN layer for the decoding requests."""
+        if not b.decode_seqs:
+            return 0.0, 0.0
+        lat = self.lat
+        out = []
+        for term, which, price in (("gdn_verify", "verify", lat.verify_us), ("gdn_commit", "commit", lat.commit_us)):
+            if which in lat.kernels:
+                out.append(lat.derived_factor(0.0) * price("graph", b))
+            else:  # the roofline of the decode part alone
+                out.append(lat.decode_roofline_us(b, term))
+        if lat.decode_conv is not None:  # the core's gating, conv verify/commit and q/k norms
+            out[0] += lat.derived_factor(0.0) * lat.decode_conv(b.decode_tokens)
+        return out[0], out[1]
+
+    def _gdn_prefill_us(self, b: StepBatch) -> float:
+        """GPU time of one GDN layer's ONE varlen prefill call over all prefill sequences."""
+        if not b.prefill_seqs:
+            return 0.0
+        lat = self.lat
+        varlen = lat.tables.get(("gdn_prefill_varlen", "graph"))
+        if varlen is not None:
+            return lat.derived_factor(0.0) * varlen(b.prefill_tokens, b.prefill_seqs)
+        if ("gdn_prefill", "graph") in lat.curves:
+            chunked = sum(-(-t // FLA_CHUNK) * FLA_CHUNK for t, _ in b.chunks)
+            return lat.derived_factor(0.0) * lat.curve_us("gdn_prefill", "graph", chunked)
+        return lat.analytic_prefill_recurrence_s(b.prefill_tokens) / US / lat.model.gdn_layers
+
+    def _drafter_passes(self, b: StepBatch, tokens: int) -> tuple[list[tuple[int, float]], tuple[int, ...]]:
+        """(tokens, GPU us without the attention core) of each MTP pass: all target tokens first,
+        then R x width per depth; and the widths of the later passes (their cores are per step)."""
+        if not b.draft_depth:
+            return [], ()
+        lat, g = self.lat, "graph"
+
+        def one(t: int, rows: int) -> float:
+            return (lat.token_part_us("mtp_fc", g, t) + lat.token_part_us("attn_proj", g, t) + lat.moe_us(g, t)
+                    + lat.token_part_us("lm_head", g, rows))
+
+        npd = lat.nodes_per_depth
+        widths = tuple(npd[min(d, len(npd)) - 1] for d in range(1, b.draft_depth))
+        passes = [(tokens, one(tokens, b.num_seqs))]
+        passes += [(b.num_seqs * w, one(b.num_seqs * w, b.num_seqs * w)) for w in widths]
+        return passes, widths
