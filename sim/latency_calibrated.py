@@ -1,104 +1,28 @@
 """Step latency from the GPU calibration tables (`results/calibration/<gpu>/<model>/`).
 
-`CalibratedLatencyModel` holds a model's tables (sim.calibration_tables), its policy's
-kernel curves (sim.kernel_rows) and the pieces both pricings share: a table part at a
-token count, scaled for derived hardware; the MoE; the policy's verify and commit
-kernels; the all-reduces. It prices a step by one of two pricings
+`CalibratedLatencyModel` loads a model's tables into the shared pieces
+(sim.calibrated_parts) and prices a step by one of two pricings
 (`engine.latency_pricing`): sim.pricing_pipeline (default: GPU times and host launch
 costs as a two-resource pipeline) or sim.pricing_eager_sum (the old sum of the parts).
-
-A derived hardware profile (e.g. B200) scales each calibrated piece by its `scaling`
-factor, memory- or compute-bound by its arithmetic intensity against the source GPU's
-ridge point. Terms with no table come from the fallback model and are labelled so in
-`sources`.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any
-
 from core.calibration_files import gpu_file, model_file
-from core.config import REPO_ROOT, EngineConfig, HardwareConfig, ModelConfig, PolicyConfig, load_hardware
-from core.interp import Curve1D, GridInterpolator
-from core.tables import TableError
+from core.config import REPO_ROOT, EngineConfig, HardwareConfig, ModelConfig, PolicyConfig
 from policies import CommitPolicy, make_policy
+from sim.calibrated_parts import CalibratedParts
 from sim.calibration_tables import derived_scale, load_decode_conv, load_overhead, load_tables
 from sim.host_model import HostCosts
 from sim.kernel_rows import load_kernels
-from sim.latency import TERMS, US, LatencyModel, LatencySources, StepBatch, StepTime
-from sim.latency_analytic import GDN_FLOPS_PER_STATE_ELEMENT
+from sim.latency import LatencyModel, StepBatch, StepTime
 from sim.pricing_eager_sum import EagerSumPricing
 from sim.pricing_pipeline import PipelineParts, PipelinePricing
 
-PRICINGS = ("pipeline", "eager_sum")
 
-class CalibratedLatencyModel:
-    def __init__(self, model: ModelConfig, hw: HardwareConfig, policy: CommitPolicy, engine_cfg: EngineConfig,
-                 tables: dict[tuple[str, str], GridInterpolator], kernels: dict[str, Any],
-                 overhead_us: float | None, fallback: LatencyModel | None, piecewise: bool = True,
-                 host: HostCosts | None = None, decode_conv: Curve1D | None = None) -> None:
-        self.model, self.hw, self.policy, self.fallback = model, hw, policy, fallback
-        self.piecewise = piecewise
-        self.pricing = engine_cfg.latency_pricing
-        if self.pricing not in PRICINGS:
-            raise ValueError(f"engine.latency_pricing must be one of {', '.join(PRICINGS)}, got {self.pricing!r}")
-        self.async_scheduling = engine_cfg.async_scheduling
-        self.layer_kinds = tuple(model.layer_pattern) * (model.num_layers // len(model.layer_pattern))
-        self.tables = tables
-        self.kernels = kernels
-        self.decode_conv = decode_conv
-        self.tp = model.tensor_parallel
-        self.nodes_per_depth = policy.tree.nodes_per_depth
-        self.derived = hw.derived
-        if hw.derived:
-            base = load_hardware(hw.derived_from)
-            self.ridge = base.bf16_tflops * 1e12 / (base.hbm_bandwidth_gbs * 1e9)  # flops per byte
-            self.scale = {k: float(v) for k, v in hw.scaling.items()}
-            for kind in ("memory_bound", "compute_bound", "overhead"):
-                if kind not in self.scale:
-                    raise TableError(f"hardware {hw.name}: derived profile lacks scaling.{kind}")
-        # The feed-forward table: a dense model's MLP (every weight read at any token count) or the MoE.
-        ffn = "mlp" if model.dense else "moe"
-        if (ffn, "graph") not in tables:
-            raise TableError(f"{model.name}: no {ffn}.csv among its tables (a "
-                             f"{'dense' if model.dense else 'MoE'} model's feed-forward block)")
-        self.top_k_per_expert = 0.0 if model.dense else model.moe.top_k / model.moe.num_experts
-        self.q_per_kv = model.attention.num_q_heads // model.tensor_parallel / model.kv_heads_per_gpu
-        self.nvlink_bw = hw.nvlink_bandwidth_gbs * 1e9
-        self.nvlink_lat = hw.nvlink_latency_us * US
-        self.hidden_bytes = model.hidden_size * model.weight_dtype_bytes
-        cal = "derived" if hw.derived else "calibrated"
-        src = {t: cal for t in TERMS}
-        if "verify" not in kernels:
-            src["gdn_verify"] = "analytic"
-        elif not any(k[0] == "gdn_prefill" for k in tables):
-            src["gdn_verify"] = "mixed"  # decode verify measured, prefill recurrence by roofline
-        if "commit" not in kernels:
-            src["gdn_commit"] = "analytic"
-        if self.tp > 1:
-            src["allreduce"] = "analytic"
-        if engine_cfg.step_overhead_us is not None:
-            src["overhead"] = "config"
-            overhead_us = engine_cfg.step_overhead_us
-        elif overhead_us is None:
-            src["overhead"] = "analytic"
-        elif hw.derived:
-            overhead_us *= self.scale.get("overhead", 1.0)
-        self.overhead_us = overhead_us
-        if self.pricing == "pipeline":
-            # prepare + finish: engine.step_overhead_us, else the whole-step check's host time.
-            self.host = host or HostCosts({}, overhead_us, self.scale["overhead"] if hw.derived else 1.0,
-                                          step_source=src["overhead"])
-            src["overhead"] = self.host.source
-            if "gdn_prefill_varlen" in {k[0] for k in tables}:
-                src["gdn_verify"] = cal if "verify" in kernels else "mixed"
-        if any(v == "analytic" for v in src.values()) and fallback is None:
-            missing = [t for t, v in src.items() if v == "analytic" and t != "allreduce"]
-            if missing:
-                raise TableError(f"{model.name}: no calibration for {missing} and no fallback model given")
-        self.sources = LatencySources(src)
-        # One-axis tables as fast memoised curves; the others slice to curves per call.
-        self.curves = {k: g.partial() for k, g in tables.items() if len(g.axes) == 1}
+class CalibratedLatencyModel(CalibratedParts):
+    def __init__(self, *args, **kwargs) -> None:
+        """CalibratedParts' arguments; the pricing is the engine config's `latency_pricing`."""
+        super().__init__(*args, **kwargs)
         self.pricer = PipelinePricing(self) if self.pricing == "pipeline" else EagerSumPricing(self)
 
     # ------------------------------------------------------------------ loading
@@ -133,87 +57,6 @@ class CalibratedLatencyModel:
                                   extrapolate=extrapolate, policy=policy.name)
         decode_conv = load_decode_conv(mdir, policy.name, extrapolate=extrapolate)
         return cls(model, hw, policy, engine_cfg, tables, kernels, overhead, fallback, piecewise, host, decode_conv)
-
-
-    # ------------------------------------------------------------------ shared pieces
-    def curve_us(self, table: str, mode: str, x: float) -> float:
-        """A one-axis table at x."""
-        return self.curves[(table, mode)](x)
-
-    def derived_factor(self, intensity: float) -> float:
-        """Derived-hardware factor of a piece with this arithmetic intensity (flops/byte)."""
-        if not self.derived:
-            return 1.0
-        return self.scale["compute_bound"] if intensity > self.ridge else self.scale["memory_bound"]
-
-    def token_part_us(self, table: str, mode: str, n: float) -> float:
-        """A token-proportional layer part (GEMM intensity is about its token count)."""
-        return self.curve_us(table, mode, n) * self.derived_factor(n) if n > 0 else 0.0
-
-    def moe_us(self, mode: str, n: float) -> float:
-        """The feed-forward block of one layer over n tokens (the MoE, or a dense model's MLP)."""
-        if self.model.dense:
-            return self.token_part_us("mlp", mode, n)
-        if n <= 0:
-            return 0.0
-        touched = 1.0 - (1.0 - self.top_k_per_expert) ** n  # fraction of experts touched
-        return self.curve_us("moe", mode, n) * self.derived_factor(n * self.top_k_per_expert / touched)
-
-    def allreduce_s(self, tokens: float) -> float:
-        """One ring all-reduce of `tokens` hidden vectors across the tensor-parallel GPUs."""
-        if self.tp == 1 or tokens <= 0:
-            return 0.0
-        ring = 2 * (self.tp - 1)
-        return ring / self.tp * tokens * self.hidden_bytes / self.nvlink_bw + ring * self.nvlink_lat
-
-    def kernel_us(self, which: str, mode: str, seqs: float) -> float:
-        """The policy's `which` kernel (kernels.csv) at `seqs` sequences; a mode not benched takes the other."""
-        curves = self.kernels[which].get(mode) or next(iter(self.kernels[which].values()))
-        return curves.partial()(seqs)
-
-    def out_of_grid(self) -> dict[str, int]:
-        """Queries outside the measured grids so far, by table and side ('attn_decode[graph].B_high': n)."""
-        tabs = list(self.tables.values()) + [c for k in ("verify", "commit", "append") if k in self.kernels
-                                             for c in self.kernels[k].values()]
-        if "replay" in self.kernels:
-            tabs += list(self.kernels["replay"][1].values())
-        return {f"{t.name}.{side}": n for t in tabs for side, n in t.out_of_grid.items()}
-
-    def analytic_prefill_recurrence_s(self, tokens: int) -> float:
-        """Roofline of the chunked prefill recurrence when no gdn_prefill table was measured."""
-        g, tp = self.model.gdn, self.tp
-        elems = g.num_v_heads // tp * g.head_v_dim * g.head_k_dim
-        flops = self.model.gdn_layers * tokens * GDN_FLOPS_PER_STATE_ELEMENT * elems
-        return flops / (self.hw.bf16_tflops * 1e12)
-
-    def decode_roofline_us(self, b: StepBatch, term: str) -> float:
-        """One GDN layer's `term` for the decoding requests alone, from the fallback (no kernel measured)."""
-        dec = replace(b, prefill_tokens=0, prefill_seqs=0, num_seqs=b.decode_seqs, prefill_chunks=())
-        return self.fallback.step_time(dec).terms[term] / US / self.model.gdn_layers
-
-    def verify_us(self, mode: str, b: StepBatch) -> float:
-        base = self.kernel_us("verify", mode, b.decode_seqs)
-        rep = self.kernels.get("replay")
-        # Replay's verify runs over every cache slot whatever it holds (fixed shapes), so its cost
-        # follows the cache's capacity, not the tokens replayed this step (priced by the tokens,
-        # replayed decode steps came out 2-4% short).
-        cached = self.policy.cache_slots() if rep else 0
-        if cached:
-            m_tokens, curves = rep
-            c = curves.get(mode) or next(iter(curves.values()))
-            base += max(0.0, c.partial()(b.decode_seqs) - base) * cached / m_tokens
-        return base
-
-    def commit_us(self, mode: str, b: StepBatch) -> float:
-        if self.policy.commit_is_index_update():
-            return 0.0  # the bench's commit copies the slot only to hand a state back to its caller
-        t = self.kernel_us("commit", mode, b.decode_seqs)
-        if self.policy.name == "replay":
-            # Requests that flush this step write their state back; the others only append.
-            f = b.flush_seqs / b.decode_seqs
-            append = self.kernel_us("append", mode, b.decode_seqs) if "append" in self.kernels else t
-            return f * t + (1.0 - f) * append
-        return t
 
     # ------------------------------------------------------------------ the step
     def step_time(self, b: StepBatch) -> StepTime:

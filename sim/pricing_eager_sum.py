@@ -21,13 +21,11 @@ ones) unless `piecewise=False`. `context` is the batch's mean context per schedu
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from core.interp import Curve1D
+from sim.calibrated_parts import CalibratedParts
 from sim.latency import STEP_MEMO, TERMS, US, StepBatch, StepTime
-
-if TYPE_CHECKING:
-    from sim.latency_calibrated import CalibratedLatencyModel
 
 
 
@@ -46,7 +44,7 @@ class EagerSumShape(NamedTuple):
 
 
 class EagerSumPricing:
-    def __init__(self, lat: "CalibratedLatencyModel") -> None:
+    def __init__(self, lat: CalibratedParts) -> None:
         self.lat = lat
         self._steps: dict[tuple, EagerSumShape] = {}
 

@@ -24,13 +24,11 @@ step_finish and launch stalls), so the terms still sum to the step time.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
+from sim.calibrated_parts import CalibratedParts
 from sim.host_model import PipelineOp, pipeline
 from sim.latency import STEP_MEMO, TERMS, US, StepBatch, StepTime
-
-if TYPE_CHECKING:
-    from sim.latency_calibrated import CalibratedLatencyModel
 
 FLA_CHUNK = 64  # tokens: fla's chunk size; a varlen call runs each sequence in whole chunks
 
@@ -58,7 +56,7 @@ class ShapeParts(NamedTuple):
 
 
 class PipelinePricing:
-    def __init__(self, lat: "CalibratedLatencyModel") -> None:
+    def __init__(self, lat: CalibratedParts) -> None:
         self.lat = lat
         self._shapes: dict[tuple, ShapeParts] = {}
 
