@@ -50,7 +50,7 @@ def row(r: CandidateResult, settings: PlanSettings, rate: float | None) -> dict[
 
 
 def _verdict(v: Verdict, settings: PlanSettings) -> dict[str, Any]:
-    return {"rate_rps": v.rate, "met": v.met, "steady": v.steady, "num_requests": v.num_requests,
+    return {"rate_rps": v.rate, "met": v.met, "steady": v.steady, "num_requests": v.num_requests, "lengths": v.lengths,
             "violated": list(v.violated), "note": v.note,
             "metrics_s": {s.name: s.value(v.summary) for s in settings.slos}}
 
@@ -148,17 +148,20 @@ def report(results: list[CandidateResult], rows: list[dict[str, Any]], settings:
               f"A configuration's capacity is the highest request rate, per data-parallel replica, at which every SLO "
               f"holds, found by doubling or halving the rate from {start} until one rate passes and one "
               f"fails, then bisecting (geometric midpoints) until (failing - passing) / passing <= {s.tolerance:g}. "
-              f"Each probe runs the configuration at {s.num_requests} and {2 * s.num_requests} requests; its latency "
+              f"Each probe runs the configuration at {s.num_requests} requests, and unless that run already breaks an "
+              f"SLO by more than {s.stability:g} x its bound (a failure), at {2 * s.num_requests}; the latency "
               f"metrics leave out the first {args.warmup:.0%} and last {args.cooldown:.0%} of arrivals (an empty engine "
               f"at the start, a draining one at the end). A probe is steady when every SLO metric moves by at most "
               f"{s.stability:g} x its bound between the two lengths; otherwise it doubles the longer run, up to "
               f"{s.max_requests} requests. The verdict is the longest run's; a probe whose metric is still growing at "
               f"{s.max_requests} requests fails (its queue has no steady state). A target load splits evenly over "
               f"replicas: {SPLIT[s.arrivals]}.", ""]
-    unsteady = sum(1 for r in results for v in r.verdicts if not v.steady)
-    total = sum(len(r.verdicts) for r in results)
+    verdicts = [v for r in results for v in r.verdicts]
+    early = sum(1 for v in verdicts if v.lengths == 1)
+    unsteady = sum(1 for v in verdicts if v.lengths > 1 and not v.steady)
     spans = [rw["run_span_over_e2e"] for rw in rows if rw["run_span_over_e2e"]]
-    lines += [f"{total} probes, {unsteady} not steady at their longest run (plan.json lists each with its note)."
+    lines += [f"{len(verdicts)} probes: {early} failed at {s.num_requests} requests already, {unsteady} of the "
+              f"others were not steady at their longest run (plan.json lists each with its note)."
               + (f" At capacity the longest run's arrivals span {min(spans):.0f} to {max(spans):.0f} mean E2E latencies "
                  "(run_span_over_e2e)." if spans else ""), ""]
     if dense:

@@ -5,7 +5,9 @@ A probe at one rate runs the same configuration at two lengths, N and 2N request
 measuring latency over its requests minus a warm-up (the first arrivals, which meet an
 empty engine) and a cool-down (the last, which meet a draining one). The probe is steady
 when every SLO metric moves by at most `stability` x its bound between the two lengths;
-if not, it doubles the longer length until it is, or until `max_requests`. Its verdict is
+if not, it doubles the longer length until it is, or until `max_requests`. The N-request
+run goes first: one that already breaks an SLO by more than the stability margin fails the
+probe without the longer runs. Otherwise the verdict is
 the longest run's: every SLO met. A probe that never steadies and whose metric still
 grows by more than the stability margin fails even if the longest run met the bound: a
 queue that keeps growing has no steady state, and a longer run would break the bound.
@@ -52,15 +54,21 @@ class Verdict:
     summary: dict[str, Any]
     violated: tuple[str, ...] = ()  # SLOs over their bound, or still growing, at this rate
     note: str = ""  # why a probe is not steady
+    lengths: int = 2  # run lengths compared (1: it failed at the first)
 
 
 class Probe:
-    """One rate of one configuration: runs at doubling lengths until its SLO metrics are stable."""
+    """One rate of one configuration: runs at doubling lengths until its SLO metrics are stable.
+
+    The N-request run comes first, alone: if it already breaks an SLO by more than the
+    stability margin the probe fails there (with an empty engine at its start, a longer run
+    only queues more), which spares the longer run for the half of the probes that fail.
+    """
 
     def __init__(self, rate: float, slos: list[Slo], num_requests: int, max_requests: int, stability: float) -> None:
         self.rate, self.slos, self.max_requests, self.stability = rate, slos, max_requests, stability
         self.runs: dict[int, dict[str, Any]] = {}
-        self._wanted = [num_requests, 2 * num_requests]
+        self._wanted = [num_requests]
         self.verdict: Verdict | None = None
 
     def pending(self) -> list[int]:
@@ -69,8 +77,22 @@ class Probe:
 
     def add(self, num_requests: int, summary: dict[str, Any]) -> None:
         self.runs[num_requests] = summary
-        if not self.pending():
+        if self.pending():
+            return
+        if len(self._wanted) == 1:
+            self._first(num_requests, summary)
+        else:
             self._decide()
+
+    def _first(self, n: int, summary: dict[str, Any]) -> None:
+        broken = tuple(s.name for s in self.slos
+                       if s.value(summary) is None or s.value(summary) > (1 + self.stability) * s.bound_s)
+        if broken:
+            self.verdict = Verdict(self.rate, False, False, n, summary, broken,
+                                   f"broke {', '.join(broken)} by more than {self.stability:g} x the bound at {n} "
+                                   "requests", lengths=1)
+        else:
+            self._wanted.append(2 * n)
 
     def _decide(self) -> None:
         short, long = self._wanted[-2:]
@@ -87,7 +109,7 @@ class Probe:
                     f"(by more than {self.stability:g} x the bound)")
         elif moved:
             note = f"not steady at {long} requests: {', '.join(s.name for s in moved)} still moving"
-        self.verdict = Verdict(self.rate, not violated, not moved, long, b, violated, note)
+        self.verdict = Verdict(self.rate, not violated, not moved, long, b, violated, note, len(self.runs))
 
 
 def _moved(slo: Slo, a: dict[str, Any], b: dict[str, Any]) -> float:

@@ -157,9 +157,16 @@ def test_a_metric_still_growing_at_max_requests_fails_under_its_bound():
 
 def test_a_missing_metric_breaks_the_slo():
     probe = Probe(10.0, SLOS, 100, 200, stability=0.1)
-    for n in (100, 200):
-        probe.add(n, {"ttft_p99_s": 0.1, "tpot_mean_s": None})
-    assert not probe.verdict.met and probe.verdict.violated == ("tpot_mean",)
+    probe.add(100, {"ttft_p99_s": 0.1, "tpot_mean_s": None})
+    assert not probe.verdict.met and probe.verdict.violated == ("tpot_mean",) and not probe.pending()
+
+
+def test_a_first_run_far_over_its_bound_fails_without_the_longer_run():
+    probe = run_probe(lambda n: 1.2)  # 1.2 s > (1 + 0.1) x 1 s
+    assert sorted(probe.runs) == [100] and probe.verdict.lengths == 1
+    assert not probe.verdict.met and probe.verdict.violated == ("ttft_p99",) and "at 100 requests" in probe.verdict.note
+    near = run_probe(lambda n: 1.05)  # over the bound, inside the margin: the longer run decides
+    assert sorted(near.runs) == [100, 200] and not near.verdict.met and near.verdict.steady
 
 
 def test_dense_capacity_is_the_last_rate_before_the_first_failure():
