@@ -24,6 +24,7 @@ from core.calibration_files import model_file
 from core.config import (CONFIG_DIR, REPO_ROOT, ConfigError, EngineConfig, GiB, HardwareConfig, MiB, ModelConfig,
                          load_model, validate)
 from policies import CommitPolicy
+from sim.vllm_version import CURRENT, kv_cache_size_tokens
 
 ATTN_BLOCK_ALIGN = 16  # tokens: the attention backends' kernel block alignment (MultipleOf(16))
 GROUP_SIZE_SLACK = 1.5  # vLLM groups by the largest layer count when it is under 1.5x the smallest
@@ -284,8 +285,11 @@ def padding_layer_lines(layout: BlockLayout, model: ModelConfig) -> list[str]:
     return lines
 
 
-def vllm_log_lines(layout: BlockLayout, model: ModelConfig, pool_bytes: int) -> list[str]:
-    """The startup lines vLLM prints for this pool, in vLLM's format."""
+def vllm_log_lines(layout: BlockLayout, model: ModelConfig, pool_bytes: int, vllm_version: str = CURRENT) -> list[str]:
+    """The startup lines vLLM prints for this pool, in the format of `vllm_version` (sim.vllm_version)."""
+    concurrency = layout.max_concurrency(model.max_model_len)
+    kv_tokens = kv_cache_size_tokens(layout.num_blocks, layout.num_groups, layout.attn_block_tokens, concurrency,
+                                     model.max_model_len, vllm_version)
     lines = [f"Setting attention block size to {layout.attn_block_tokens} tokens to ensure that attention page "
              f"size is >= mamba page size."]
     if layout.page_bytes != layout.gdn_page_bytes:
@@ -293,8 +297,7 @@ def vllm_log_lines(layout: BlockLayout, model: ModelConfig, pool_bytes: int) -> 
                      f"size and attention page size are exactly equal.")
     lines += padding_layer_lines(layout, model)
     lines += [f"Available KV cache memory: {pool_bytes / GiB:.2f} GiB",
-              f"GPU KV cache size: {layout.kv_cache_tokens:,} tokens",
-              f"Maximum concurrency for {model.max_model_len:,} tokens per request: "
-              f"{layout.max_concurrency(model.max_model_len):.2f}x"]
+              f"GPU KV cache size: {kv_tokens:,} tokens",
+              f"Maximum concurrency for {model.max_model_len:,} tokens per request: {concurrency:.2f}x"]
     return lines
 

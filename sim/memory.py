@@ -6,6 +6,7 @@ from typing import Any
 from core.config import EngineConfig, GiB, HardwareConfig, ModelConfig
 from policies import CommitPolicy
 from sim.budget import BlockLayout, MemoryBudget, block_layout, memory_budget, vllm_log_lines
+from sim.vllm_version import CURRENT, kv_cache_size_tokens
 
 CONTEXT_32K = 32768  # tokens: the context docs/design.md's KV fact is stated at
 
@@ -30,13 +31,15 @@ def memory_facts(model: ModelConfig, policy: CommitPolicy) -> dict[str, Any]:
     }
 
 
-def layout_facts(model: ModelConfig, layout: BlockLayout, pool_bytes: int) -> dict[str, Any]:
-    """The per-GPU block geometry, under the names vLLM's log lines give them."""
+def layout_facts(model: ModelConfig, layout: BlockLayout, pool_bytes: int, vllm_version: str = CURRENT) -> dict[str, Any]:
+    """The per-GPU block geometry, under the names vLLM's log lines give them (as `vllm_version` prints them)."""
+    concurrency = layout.max_concurrency(model.max_model_len)
     return {
         "attention_block_size": layout.attn_block_tokens,
         "mamba_page_padding_pct": round(layout.mamba_page_padding_pct, 4),
         "num_blocks": layout.num_blocks,
-        "gpu_kv_cache_tokens": layout.kv_cache_tokens,
+        "gpu_kv_cache_tokens": kv_cache_size_tokens(layout.num_blocks, layout.num_groups, layout.attn_block_tokens,
+                                                    concurrency, model.max_model_len, vllm_version),
         "max_model_len": model.max_model_len,
         "max_concurrency": round(layout.max_concurrency(model.max_model_len), 4),
         "available_kv_cache_gib": round(pool_bytes / GiB, 4),
@@ -53,7 +56,7 @@ def layout_facts(model: ModelConfig, layout: BlockLayout, pool_bytes: int) -> di
 
 
 def pool_facts(model: ModelConfig, hw: HardwareConfig | None, engine: EngineConfig, policy: CommitPolicy,
-               kv_cache_memory_bytes: int | None = None) -> tuple[dict[str, Any], list[str]]:
+               kv_cache_memory_bytes: int | None = None, vllm_version: str = CURRENT) -> tuple[dict[str, Any], list[str]]:
     """The per-GPU pool and block geometry, and vLLM's log lines for it.
 
     `model` is the served model (`sim.budget.served_model`). With no hardware the
@@ -70,7 +73,7 @@ def pool_facts(model: ModelConfig, hw: HardwareConfig | None, engine: EngineConf
     layout = block_layout(model, policy, pool, engine)
     facts = {"mamba_cache_mode": engine.resolved_mamba_cache_mode, "kv_cache_dtype": engine.kv_cache_dtype,
              "tensor_parallel": model.tensor_parallel, "num_speculative_tokens": model.mtp_depth,
-             **layout_facts(model, layout, pool)}
+             "vllm_version": vllm_version, **layout_facts(model, layout, pool, vllm_version)}
     if budget is not None:
         facts.update({f"budget_{k}": v for k, v in budget.as_dict().items()})
-    return facts, vllm_log_lines(layout, model, pool)
+    return facts, vllm_log_lines(layout, model, pool, vllm_version)

@@ -14,6 +14,7 @@ from core.config import (ConfigError, DType, EngineConfig, GiB, hardware_names, 
 from policies import DraftTree, make_policy
 from sim.budget import served_model
 from sim.memory import memory_facts, pool_facts
+from sim.vllm_version import parse_version
 
 MiB = 1 << 20
 
@@ -38,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="SSM state dtype (default: the model's, float32 for Qwen3.5)")
     p.add_argument("--kv-cache-dtype", choices=["bf16", "fp8"], default=None)
     p.add_argument("--tensor-parallel", type=int, default=None, help="tensor-parallel size (default: the model's)")
+    p.add_argument("--vllm-version", default="current",
+                   help="print vLLM's lines as this release does, e.g. 0.17.1 (the 'GPU KV cache size' formula "
+                        "changed after 0.19: docs/memory.md)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -61,6 +65,7 @@ def _engine(args: argparse.Namespace) -> EngineConfig:
 def main(args: argparse.Namespace) -> int:
     if args.kv_cache_memory_gib is not None and not args.kv_cache_memory_gib > 0:
         raise ConfigError(f"--kv-cache-memory-gib must be a positive number of GiB, got {args.kv_cache_memory_gib}")
+    parse_version(args.vllm_version)  # a bad version fails before anything is computed
     engine = _engine(args)
     policy_name = args.policy or ("none" if args.num_speculative_tokens == 0 else "store_all")
     if args.num_speculative_tokens == 0 and policy_name != "none":
@@ -90,7 +95,7 @@ def main(args: argparse.Namespace) -> int:
     if args.hardware or args.kv_cache_memory_gib is not None:
         hw = load_hardware(args.hardware) if args.hardware else None
         kv = int(args.kv_cache_memory_gib * GiB) if args.kv_cache_memory_gib is not None else None
-        pool, lines = pool_facts(model, hw, engine, policy, kv)
+        pool, lines = pool_facts(model, hw, engine, policy, kv, args.vllm_version)
         facts.update(pool)
     if args.json:
         print(json.dumps({**facts, "vllm_log": lines}, indent=2))

@@ -13,7 +13,13 @@ QWEN3_NEXT_LOG = [  # Qwen3-Next-80B-A3B-Instruct bf16, 2 x H200, TP 2, vLLM 0.1
     "Maximum concurrency for 262,144 tokens per request: 14.77x",
 ]
 ARGS = ["memory", "--model", "qwen3-next-80b-a3b", "--tensor-parallel", "2", "--max-model-len", "262144",
-        "--num-speculative-tokens", "0", "--mamba-cache-mode", "none"]
+        "--num-speculative-tokens", "0", "--mamba-cache-mode", "none", "--vllm-version", "0.10.2"]
+# Qwen3.6-35B-A3B (Qwen3.5-35B-A3B's shapes), fp8 KV cache, prefix caching on, no speculation, one GPU,
+# vLLM 0.24.0: the newer "GPU KV cache size" = int(max concurrency x max_model_len).
+QWEN36_LOG = ["Available KV cache memory: 6.01 GiB", "GPU KV cache size: 569,878 tokens",
+              "Maximum concurrency for 131,072 tokens per request: 4.35x"]
+QWEN36_ARGS = ["memory", "--model", "qwen3.5-35b-a3b", "--kv-cache-memory-gib", "6.01", "--kv-cache-dtype", "fp8",
+               "--mamba-cache-mode", "align", "--max-model-len", "131072", "--num-speculative-tokens", "0"]
 
 
 def run(capsys, *args):
@@ -35,6 +41,23 @@ def test_real_log_json_keys(capsys):
     assert (d["attention_block_size"], d["num_blocks"], d["gpu_kv_cache_tokens"]) == (544, 7162, 973_760)
     assert round(d["mamba_page_padding_pct"], 2) == 1.49
     assert round(d["max_concurrency"], 2) == 14.77 and d["available_kv_cache_gib"] == 44.59
+
+
+def test_current_vllm_prints_the_concurrency_derived_kv_size(capsys):
+    rc, out, _ = run(capsys, *QWEN36_ARGS)  # default: the current formula
+    assert rc == 0 and out.split("\n\n")[0].splitlines()[-3:] == QWEN36_LOG
+    _, out, _ = run(capsys, *QWEN36_ARGS, "--json")
+    assert json.loads(out)["gpu_kv_cache_tokens"] == 569_878
+
+
+def test_old_and_new_formula_differ_for_a_hybrid(capsys):
+    _, new, _ = run(capsys, *QWEN36_ARGS, "--json")
+    _, old, _ = run(capsys, *QWEN36_ARGS, "--vllm-version", "0.19.0", "--json")
+    new, old = json.loads(new), json.loads(old)
+    assert old["gpu_kv_cache_tokens"] == old["num_blocks"] // old["kv_cache_groups"] * old["attention_block_size"]
+    assert new["gpu_kv_cache_tokens"] != old["gpu_kv_cache_tokens"]
+    assert old["vllm_log"][-1] == new["vllm_log"][-1]  # the concurrency line is the same in both
+    assert cli(["memory", "--model", "qwen3.5-35b-a3b", "--vllm-version", "latest"]) == 2
 
 
 def test_budget_from_gmu_is_near_the_log(capsys):
