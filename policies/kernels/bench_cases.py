@@ -63,6 +63,11 @@ class Case:
         return len(self.parents)
 
     @property
+    def is_chain(self) -> bool:
+        """Every position's parent is the one before (the recurrent-form verify's trees)."""
+        return all(p == t - 1 for t, p in enumerate(self.parents))
+
+    @property
     def depth(self) -> int:
         d = [0] * self.T
         for t in range(1, self.T):

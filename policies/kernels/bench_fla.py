@@ -47,7 +47,7 @@ def fla_reference(copy_bw: float, quick: bool = False) -> dict:
                      for x in xs]
             us = time_graph(calls)
             o_fla, s_fla = calls[0]()
-            o_ours, ctx = reconstruct.verify(**{**xs[0], "state": xs[0]["state"].clone()}, check=False)
+            o_ours, ctx = reconstruct.verify(**{**xs[0], "state": xs[0]["state"].clone()}, check=False, chain=True)
             s_ours = reconstruct.commit(ctx, torch.full((B,), T - 1, dtype=torch.int32, device=DEVICE), check=False)
             res["rows"].append(dict(model=model, B=B, T=T, us=round(us, 2), bytes=nbytes,
                                     pct_of_copy_bw=round(100 * nbytes / (us * 1e-6) / copy_bw, 1),

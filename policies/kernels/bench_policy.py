@@ -77,7 +77,9 @@ def run_policy(c: Case, policy: str, replayed: int, flush: bool, copy_bw: float,
     # Extra memory of one step (persistent replay cache included): allocator peak over the inputs.
     if not REHEARSAL:
         torch.cuda.reset_peak_memory_stats()
-    o, ctx = mod.verify(**{**xs[0], "state": state_arg(0)}, check=False)
+    # reconstruct's and reconstruct_deferred's verifies are told a chain is one (check=False reads nothing)
+    hint = {"chain": c.is_chain} if policy in ("reconstruct", "reconstruct_deferred") else {}
+    o, ctx = mod.verify(**{**xs[0], "state": state_arg(0)}, check=False, **hint)
     set_phase(0)
     mod.commit(ctx, acc, check=False)
     sync()
@@ -90,7 +92,8 @@ def run_policy(c: Case, policy: str, replayed: int, flush: bool, copy_bw: float,
         for i in range(copies):
             set_phase(i)
 
-    verify_calls = [lambda i=i: mod.verify(**{**xs[i], "state": state_arg(i)}, check=False) for i in range(copies)]
+    verify_calls = [lambda i=i: mod.verify(**{**xs[i], "state": state_arg(i)}, check=False, **hint)
+                    for i in range(copies)]
     reset()
     ctxs = [f()[1] for f in verify_calls]
     commit_calls = [lambda i=i: mod.commit(ctxs[i], acc, check=False) for i in range(copies)]

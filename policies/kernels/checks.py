@@ -92,3 +92,24 @@ def check_accepted(accepted: torch.Tensor, lengths: torch.Tensor, batch: int, va
     n = lengths.detach().to("cpu", torch.int64)
     if bool(((acc < 0) | (acc >= n)).any()):
         raise ValueError(f"accepted must lie in [0, lengths[b]) per tree; got {acc.tolist()} for lengths {n.tolist()}")
+
+
+def is_chain(parent: torch.Tensor, lengths: torch.Tensor | None) -> bool:
+    """Whether every tree is a chain (parent[b, t] = t - 1 within its length); one device-to-host read."""
+    B, T = parent.shape
+    n = seq_lengths(lengths, B, T)
+    par = parent.detach().to("cpu", torch.int64)
+    pos = torch.arange(T)
+    inside = (pos[None, :] < n[:, None]) & (pos[None, :] > 0)
+    return not bool((inside & (par != pos[None, :] - 1)).any())
+
+
+def resolve_chain(chain: bool | None, parent: torch.Tensor, lengths: torch.Tensor | None, values: bool) -> bool:
+    """The verify's `chain` flag: None finds it from the parents when values are read (else False);
+    True is checked there (ValueError naming `chain` when a tree is not one)."""
+    if not values or capturing():
+        return bool(chain)
+    found = is_chain(parent, lengths)
+    if chain and not found:
+        raise ValueError("chain=True needs every tree a chain (parent[b, t] = t - 1 for 1 <= t < lengths[b])")
+    return found if chain is None else chain

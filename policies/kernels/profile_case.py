@@ -120,8 +120,9 @@ def _run_case(args: argparse.Namespace) -> None:
         x["state"] = reconstruct_deferred.DeferredState.start(x["state"], max_path=c.depth + 1, hk=hk)
     mod = importlib.import_module(f"policies.kernels.{args.policy}")
     acc = torch.full((c.B,), c.T - 1, dtype=torch.int32, device=DEVICE)
+    hint = {"chain": c.is_chain} if args.policy in ("reconstruct", "reconstruct_deferred") else {}
     for _ in range(2):  # ncu skips the first step; reconstruct_deferred's second applies a full pending path
-        mod.commit(mod.verify(**x, check=False)[1], acc, check=False)
+        mod.commit(mod.verify(**x, check=False, **hint)[1], acc, check=False)
     sync()
     print(f"ran {args.policy} B={c.B} T={c.T} tree {args.tree} {args.state_dtype}: 2 verify + commit steps")
 
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--B", type=int, default=128)
     ap.add_argument("--state-dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--tuning", default="", help="treewy.Tuning fields, e.g. prec=bf16x3,verify_bv=64")
-    ap.add_argument("--kernels", default="_fused_kernel|_commit_dot_kernel|_state_kernel|_gather_path_kernel",
+    ap.add_argument("--kernels", default="_fused_kernel|_chain_kernel|_commit_dot_kernel|_state_kernel|_gather_path_kernel",
                     help="regex of kernel names to profile")
     ap.add_argument("--from-raw", action="store_true",
                     help="no profile: write OUT/summary.json from OUT/raw.csv (a profile of this case)")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from policies.kernels.checks import capturing, check_accepted, check_inputs
+from policies.kernels.checks import capturing, check_accepted, check_inputs, resolve_chain
 from policies.kernels.treewy import Pending, TreeSolve, apply_pending, gather_path, lengths_or_full, wy_verify
 
 
@@ -68,15 +68,16 @@ def _rows_mask(rows: torch.Tensor | None, batch: int, device: torch.device) -> t
 
 def verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
            parent: torch.Tensor, state: DeferredState, lengths: torch.Tensor | None = None,
-           check: bool = True) -> tuple[torch.Tensor, DeferredSolve]:
-    """Apply the pending commit to state.state (written), then verify the tree from it."""
+           check: bool = True, chain: bool | None = None) -> tuple[torch.Tensor, DeferredSolve]:
+    """Apply the pending commit to state.state (written), then verify the tree from it.
+    chain: the trees are chains (recurrent-form verify); None: found from `parent` when check reads it."""
     ds = state
     check_inputs(q, k, v, g, beta, parent, ds.state, lengths, values=check)
     if k.shape[2] != ds.pending.pk.shape[2]:
         raise ValueError(f"k has {k.shape[2]} heads but the DeferredState was started with hk = {ds.pending.pk.shape[2]}")
     B, T = parent.shape
     o, solve = wy_verify(q, k, v, g, beta, parent, ds.state, lengths_or_full(lengths, B, T, v.device),
-                         pending=ds.pending)
+                         pending=ds.pending, chain=resolve_chain(chain, parent, lengths, check))
     return o, DeferredSolve(solve=solve, ds=ds)
 
 

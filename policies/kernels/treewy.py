@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from policies.kernels.chain_kernel import _chain_kernel
 from policies.kernels.commit_kernels import _commit_dot_kernel, _flush_kernel, _gather_path_kernel, _state_kernel
 from policies.kernels.fused_kernel import _fused_kernel
 from policies.kernels.tuning import Tuning
@@ -141,15 +142,20 @@ def tree_prep(parent: torch.Tensor, lengths: torch.Tensor, g: torch.Tensor) -> t
 
 def wy_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
               parent: torch.Tensor, state: torch.Tensor, lengths: torch.Tensor,
-              out_start: int = 0, pending: Pending | None = None) -> tuple[torch.Tensor, TreeSolve]:
+              out_start: int = 0, pending: Pending | None = None, chain: bool = False
+              ) -> tuple[torch.Tensor, TreeSolve]:
     """Outputs of positions out_start.. (earlier ones are replayed history) and the solve.
-    With `pending`, the deferred commit is first applied to `state` (written in place)."""
+    With `pending`, the deferred commit is first applied to `state` (written in place).
+    chain: every tree is a chain (parent[t] = t - 1), verified in recurrent form when TUNING.chain."""
     B, T, Hk, DK = q.shape
     Hv, DV = v.shape[2:]
     check_dims(DK, DV)
     if T > MAX_POSITIONS:
         raise ValueError(f"T (verify positions, replayed cache included) must be at most {MAX_POSITIONS}, got {T}")
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
+    if chain and TUNING.chain:
+        o, u, mask, gc = chain_pass(q, k, v, g.contiguous(), beta, state, lengths, out_start, pending)
+        return o, TreeSolve(k=k, state=state, lengths=lengths, u=u, gc=gc, mask=mask)
     if TUNING.prep and T <= BC and (pending is not None or verify_kernel(T) == "fused"):
         # `_fused_kernel` writes both (PREP); poisoned here, so a tile it missed shows.
         mask = torch.empty(B, BC, BC, dtype=torch.int8, device=v.device)
@@ -160,6 +166,26 @@ def wy_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
         prep = None
     o, u = state_pass(q, k, v, beta, state, mask, gc, lengths, out_start, pending, prep)
     return o, TreeSolve(k=k, state=state, lengths=lengths, u=u, gc=gc, mask=mask)
+
+
+def chain_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+               state: torch.Tensor, lengths: torch.Tensor, out_start: int = 0, pending: Pending | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The recurrent verify of chains (`_chain_kernel`): o, u as `state_pass` returns them, and the
+    ancestor mask [B, BT, BT] and path log-decays gc [B, T, Hv] it writes for the commit."""
+    B, T, Hk, DK = q.shape
+    Hv, DV = v.shape[2:]
+    t = TUNING
+    BV = min(t.chain_bv, DV)
+    o = torch.empty(B, T - out_start, Hv, DV, dtype=v.dtype, device=v.device)
+    u = torch.empty(B, T, Hv, DV, dtype=torch.float32, device=v.device)
+    mask = torch.empty(B, padded(T), padded(T), dtype=torch.int8, device=v.device)
+    gc = torch.empty(B, T, Hv, dtype=torch.float32, device=v.device)
+    pd = pending or Pending(pu=u, pk=k, pg=gc, pn=lengths)  # placeholders: PENDING=False reads none
+    _chain_kernel[(B * Hv * (DV // BV),)](q, k, v, g, beta, state, lengths, o, u, mask, gc, pd.pu, pd.pk, pd.pg, pd.pn,
+                                          T, Hk, Hv, out_start, T - out_start, pd.pu.shape[1], DK=DK, DV=DV, BV=BV,
+                                          BT=mask.shape[-1], PENDING=pending is not None, num_warps=t.chain_warps)
+    return o, u, mask, gc
 
 
 def verify_kernel(T: int, tuning: Tuning | None = None) -> str:

@@ -63,6 +63,12 @@ class Tuning:
     pack: bool = True
     prep: bool = True
     prec: str = "bf16x3"
+    # Chains (every parent[t] = t - 1, declared by the caller) verify in recurrent form (`_chain_kernel`):
+    # chain_bv state rows per program, chain_warps warps (vLLM's decode kernel: 32 rows, 4 warps;
+    # fla's fused_recurrent: 8 rows, 1 warp). chain=False: chains take the tree kernels above.
+    chain: bool = True
+    chain_bv: int = 32
+    chain_warps: int = 4
 
     def __post_init__(self) -> None:
         if self.verify not in VERIFY_KINDS:
@@ -80,6 +86,8 @@ class Tuning:
             r = getattr(self, name)
             if r and not 24 <= r <= 255:
                 raise ValueError(f"Tuning.{name} must be 0 (compiler's choice) or 24..255 registers, got {r}")
+        if self.chain_bv < 4 or self.chain_bv & (self.chain_bv - 1):
+            raise ValueError(f"Tuning.chain_bv must be a power of two >= 4, got {self.chain_bv}")
         if self.pending not in ("dot", "loop"):
             raise ValueError(f"Tuning.pending must be dot or loop, got {self.pending!r}")
 
@@ -111,6 +119,3 @@ class Tuning:
 
     def label(self) -> str:
         return ",".join(f"{f}={getattr(self, f)}" for f in self.__dataclass_fields__)
-
-
-# GDN_TUNING="verify=rows,rows_max=4,commit=loop" reproduces run 2's defaults.

@@ -1,0 +1,66 @@
+"""`_chain_kernel`: the verify of a chain in recurrent form, the state tile in registers.
+
+For a chain (parent[t] = t - 1) no WY solve is needed: walking the positions in order with the
+state tile s = S[rv, :] in registers, position t's pseudo-value is the delta rule's correction
+    s <- exp(g_t) s,   u_t = beta_t (v_t - s k_t),   s <- s + u_t k_t^T,   o_t = s q_t,
+the same u_t the closed form gives (S_t = G_t S_0 + sum_{i<=t} (G_t / G_i) u_i k_i^T), so
+`reconstruct`'s commit and `reconstruct_deferred`'s pending path read it unchanged. Every
+product is a float32 FMA on the register tile and a reduction within the rows a warp holds
+(fla's fused_recurrent structure); the state is read once and never written (PENDING: the
+previous step's pending commit is applied first, rank-1 update by update, and written back).
+Programs with value block 0 also write what the commit reads besides u: the path log-decays
+gc[t] = sum_{i<=t} g_i and (head 0) the chain's ancestor mask (lower triangle up to the length).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from policies.kernels.commit_kernels import _apply_pending
+from policies.kernels.tile_math import state_block
+
+
+@triton.jit
+def _chain_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, lengths_ptr, o_ptr, u_ptr, mask_ptr, gc_ptr,
+                  pu_ptr, pk_ptr, pg_ptr, pn_ptr, T, Hk, Hv, O_START, T_OUT, P,
+                  DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, PENDING: tl.constexpr):
+    b, h, hk, vb, rv = state_block(Hk, Hv, DV=DV, BV=BV)
+    n = tl.load(lengths_ptr + b)
+    rk = tl.arange(0, DK)
+    p_s = state_ptr + ((b * Hv + h) * DV + rv[:, None]) * DK + rk[None, :]
+    s = tl.load(p_s).to(tl.float32)
+    if PENDING:
+        # rank-1 updates keep the tile's layout (a tl.dot needs 16 rows a program)
+        s = _apply_pending(s, pu_ptr, pk_ptr, pg_ptr, pn_ptr, b, h, hk, rv, rk, Hk, Hv, P, DK=DK, DV=DV, BC=16,
+                           K16=False, PREC="ieee", DOT=False)
+        s = s.to(state_ptr.dtype.element_ty)
+        tl.store(p_s, s)
+        s = s.to(tl.float32)  # verify from the state exactly as committed (bf16: rounded)
+    lead = vb == 0
+    if lead & (h == 0):
+        r = tl.arange(0, BT)
+        chain = (r[None, :] <= r[:, None]) & (r[:, None] < n)
+        tl.store(mask_ptr + b * BT * BT + r[:, None] * BT + r[None, :], chain.to(tl.int8))
+    gcum = 0.0
+    for t in range(0, n):
+        kt = tl.load(k_ptr + ((b * T + t) * Hk + hk) * DK + rk).to(tl.float32)
+        qt = tl.load(q_ptr + ((b * T + t) * Hk + hk) * DK + rk).to(tl.float32)
+        vt = tl.load(v_ptr + ((b * T + t) * Hv + h) * DV + rv).to(tl.float32)
+        gt = tl.load(g_ptr + (b * T + t) * Hv + h).to(tl.float32)
+        bt = tl.load(beta_ptr + (b * T + t) * Hv + h).to(tl.float32)
+        gcum += gt
+        s *= tl.exp(gt)
+        ut = bt * (vt - tl.sum(s * kt[None, :], axis=1))
+        s += ut[:, None] * kt[None, :]
+        ot = tl.sum(s * qt[None, :], axis=1)
+        tl.store(u_ptr + ((b * T + t) * Hv + h) * DV + rv, ut)
+        if t >= O_START:
+            tl.store(o_ptr + ((b * T_OUT + t - O_START) * Hv + h) * DV + rv, ot.to(o_ptr.dtype.element_ty))
+        if lead:
+            tl.store(gc_ptr + (b * T + t) * Hv + h, gcum)
+    for t in range(n, T):  # past the chain's length: zeros, as the other verifies write
+        tl.store(u_ptr + ((b * T + t) * Hv + h) * DV + rv, tl.zeros([BV], dtype=tl.float32))
+        if t >= O_START:
+            tl.store(o_ptr + ((b * T_OUT + t - O_START) * Hv + h) * DV + rv, tl.zeros([BV], dtype=o_ptr.dtype.element_ty))
+        if lead:
+            tl.store(gc_ptr + (b * T + t) * Hv + h, 0.0)

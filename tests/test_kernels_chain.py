@@ -1,0 +1,103 @@
+"""The recurrent-form chain verify (`_chain_kernel`) against the float64 recurrence (CPU: TRITON_INTERPRET=1).
+
+Chains of several lengths, ragged in one batch, with correlated keys (each key near the one
+before, so every delta-rule correction is large), grouped heads, several launch shapes; for
+reconstruct (outputs, then the state the unchanged commit rebuilds at every accepted node) and
+reconstruct_deferred over steps (its pending path applied by the chain kernel, and by the tree
+kernel after a chain step, and the other way round). New tensors are NaN-poisoned.
+"""
+import dataclasses
+
+import pytest
+import torch
+
+from policies.kernels import reconstruct, reconstruct_deferred as RD, reference as R, treewy
+from policies.kernels.inputs import chain, full, random_inputs, rel_err
+
+pytestmark = pytest.mark.usefixtures("nan_poison")
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+class Spy:
+    """Counts launches of a Triton kernel and runs it."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]
+
+
+@pytest.fixture
+def chain_spy(monkeypatch):
+    spy = Spy(treewy._chain_kernel)
+    monkeypatch.setattr(treewy, "_chain_kernel", spy)
+    return spy
+
+
+def correlated(x: dict, seed: int, spread: float = 0.3) -> dict:
+    """Keys of each sequence and head random-walk from the first one (unit norm)."""
+    gen = torch.Generator().manual_seed(seed)
+    k = x["k"].clone()
+    for t in range(1, k.shape[1]):
+        k[:, t] = k[:, t - 1] + spread * torch.randn(k[:, t].shape, generator=gen)
+    return {**x, "k": torch.nn.functional.normalize(k, dim=-1)}
+
+
+@pytest.mark.parametrize("lengths", [(1,), (4, 4), (7, 3, 1), (16, 9), (33, 17, 2)], ids=lambda n: f"T{n[0]}")
+@pytest.mark.parametrize("heads,d,shape", [((1, 2), 16, (32, 4)), ((2, 2), 32, (8, 1)), ((1, 4), 16, (4, 2))],
+                         ids=["hv2-d16", "hk2-d32-bv8w1", "hv4-bv4w2"])
+def test_reconstruct_chains(monkeypatch, chain_spy, lengths, heads, d, shape):
+    monkeypatch.setattr(treewy, "TUNING", dataclasses.replace(treewy.TUNING, chain_bv=shape[0], chain_warps=shape[1]))
+    x = correlated(random_inputs([chain(n) for n in lengths], hk=heads[0], hv=heads[1], dk=d, dv=d,
+                                 seed=sum(lengths)), seed=d)
+    o_ref, states = R.recurrence(**x)
+    o, ctx = reconstruct.verify(**{**x, "state": x["state"].clone()})
+    assert chain_spy.launches == 1
+    assert rel_err(o, o_ref) < TOL[torch.float32]
+    B = len(lengths)
+    for a in sorted({0, 1, max(lengths) // 2, max(lengths) - 1}):
+        acc = torch.tensor([min(a, n - 1) for n in lengths], dtype=torch.int32)
+        new = reconstruct.commit(dataclasses.replace(ctx, state=x["state"].clone()), acc)
+        assert rel_err(new, states[torch.arange(B), acc.long()]) < TOL[torch.float32], a
+
+
+def test_chain_flag(chain_spy):
+    """chain=None finds chains from the parents; chain=False keeps the tree kernels; chain=True on a tree is refused."""
+    x = random_inputs([chain(5), chain(2)], hk=1, hv=2, dk=16, dv=16, seed=1)
+    o_ref, _ = R.recurrence(**x)
+    o, _ = reconstruct.verify(**{**x, "state": x["state"].clone()}, chain=False)
+    assert chain_spy.launches == 0 and rel_err(o, o_ref) < TOL[torch.float32]
+    reconstruct.verify(**{**x, "state": x["state"].clone()}, check=False, chain=True)
+    assert chain_spy.launches == 1
+    t = random_inputs([full((2, 2)), chain(7)], hk=1, hv=2, dk=16, dv=16, seed=2)
+    with pytest.raises(ValueError, match="chain=True"):
+        reconstruct.verify(**t, chain=True)
+    reconstruct.verify(**{**t, "state": t["state"].clone()})
+    assert chain_spy.launches == 1  # a tree in the batch: the tree kernels
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_deferred_chain_and_tree_steps(chain_spy, state_dtype):
+    """Steps alternate chains (chain kernel) and a tree (fused kernel) in one DeferredState: each
+    verify applies the pending path the other kind of step recorded."""
+    T, hk, hv, d = 9, 1, 2, 16
+    steps = [([chain(9), chain(5), chain(9)], [8, 2, 0]), ([chain(9), chain(9), chain(1)], [4, 8, 0]),
+             ([full((2, 2)), chain(9), chain(3)], [5, 8, 2]), ([chain(9)] * 3, [8, 0, 6]),
+             ([chain(9)] * 3, [3, 3, 3])]
+    ds = truth = None
+    for i, (trees, accepted) in enumerate(steps):
+        x = correlated(random_inputs(trees, hk=hk, hv=hv, dk=d, dv=d, seed=10 + i, T=T), seed=i)
+        if ds is None:
+            ds = RD.DeferredState.start(x["state"].to(state_dtype), max_path=T, hk=hk, k_dtype=torch.float32)
+            truth = x["state"].to(state_dtype).double()
+        o_ref, states = R.recurrence(**{**x, "state": truth})
+        o, ctx = RD.verify(**{**x, "state": ds})
+        assert not torch.isnan(o).any()
+        assert rel_err(o, o_ref) < TOL[state_dtype], f"step {i}: {rel_err(o, o_ref):.2e}"
+        acc = torch.tensor(accepted, dtype=torch.int32)
+        RD.commit(ctx, acc)
+        truth = states[torch.arange(3), acc.long()].to(state_dtype).double()
+    assert chain_spy.launches == 4
+    assert rel_err(RD.flush(ds), truth) < TOL[state_dtype]
