@@ -4,14 +4,15 @@ Chains of several lengths, ragged in one batch, with correlated keys (each key n
 before, so every delta-rule correction is large), grouped heads, several launch shapes; for
 reconstruct (outputs, then the state the unchanged commit rebuilds at every accepted node) and
 reconstruct_deferred over steps (its pending path applied by the chain kernel, and by the tree
-kernel after a chain step, and the other way round). New tensors are NaN-poisoned.
+kernel after a chain step, and the other way round), and replay over a flush cycle (the cache
+and the chain walked as one, the unused cache slots skipped). New tensors are NaN-poisoned.
 """
 import dataclasses
 
 import pytest
 import torch
 
-from policies.kernels import reconstruct, reconstruct_deferred as RD, reference as R, treewy
+from policies.kernels import reconstruct, reconstruct_deferred as RD, reference as R, replay, treewy
 from policies.kernels.inputs import chain, full, random_inputs, rel_err
 
 pytestmark = pytest.mark.usefixtures("nan_poison")
@@ -31,6 +32,8 @@ class Spy:
 
 @pytest.fixture
 def chain_spy(monkeypatch):
+    """Counts chain-kernel launches; chains of any length take it (chain_max: all positions)."""
+    monkeypatch.setattr(treewy, "TUNING", dataclasses.replace(treewy.TUNING, chain_max=treewy.MAX_POSITIONS))
     spy = Spy(treewy._chain_kernel)
     monkeypatch.setattr(treewy, "_chain_kernel", spy)
     return spy
@@ -101,3 +104,37 @@ def test_deferred_chain_and_tree_steps(chain_spy, state_dtype):
         truth = states[torch.arange(3), acc.long()].to(state_dtype).double()
     assert chain_spy.launches == 4
     assert rel_err(RD.flush(ds), truth) < TOL[state_dtype]
+
+
+@pytest.mark.parametrize("flush_interval", [1, 3])
+def test_replay_chains_over_flush_cycles(chain_spy, flush_interval):
+    """Ragged chains: outputs each step and the materialised state after each commit equal the
+    recurrence carried across steps, while the cache fills unevenly (paths of 1 to 5 nodes)."""
+    trees = [chain(5), chain(3), chain(5)]
+    truth = rs = None
+    for step in range(5):
+        x = correlated(random_inputs(trees, hk=1, hv=2, dk=16, dv=16, seed=40 + step, T=5), seed=step)
+        if rs is None:
+            truth = x["state"].double()
+            rs = replay.ReplayState.start(x["state"].clone(), flush_interval=flush_interval, max_path=5, hk=1,
+                                          dtype=torch.float32)
+        o_ref, states = R.recurrence(**{**x, "state": truth})
+        o, ctx = replay.verify(**{**x, "state": rs})
+        assert rel_err(o, o_ref) < TOL[torch.float32], f"step {step} outputs"
+        acc = torch.tensor([(step + 4) % 5, step % 3, 0], dtype=torch.int32)
+        rs = replay.commit(ctx, acc)
+        truth = states[torch.arange(3), acc.long()]
+        assert rel_err(replay.materialize(rs), truth) < TOL[torch.float32], f"step {step} state"
+    assert chain_spy.launches >= 5
+
+
+def test_long_chains_keep_the_fused_kernel(chain_spy, monkeypatch):
+    monkeypatch.setattr(treewy, "TUNING", dataclasses.replace(treewy.TUNING, chain_max=8))
+    x = random_inputs([chain(9), chain(4)], hk=1, hv=2, dk=16, dv=16, seed=5)
+    o_ref, _ = R.recurrence(**x)
+    o, _ = reconstruct.verify(**{**x, "state": x["state"].clone()})
+    assert chain_spy.launches == 0 and rel_err(o, o_ref) < TOL[torch.float32]
+    reconstruct.verify(**{**x, "parent": x["parent"][:, :8].contiguous(), "q": x["q"][:, :8], "k": x["k"][:, :8],
+                          "v": x["v"][:, :8], "g": x["g"][:, :8], "beta": x["beta"][:, :8],
+                          "lengths": torch.tensor([8, 4], dtype=torch.int32), "state": x["state"].clone()})
+    assert chain_spy.launches == 1

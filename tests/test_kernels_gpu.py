@@ -228,3 +228,45 @@ def test_none_decode_in_place_real_shapes(dtype, tol, shape):
     o = torch.full_like(x["v"], float("nan"))
     decode_inplace(fr.fused_recurrent_gated_delta_rule_fwd_kernel, x, a_log, dt_bias, o, *DECODE_SHAPES[shape])
     assert rel_err(x["state"], s_ref) < tol and rel_err(o[:, 0], o_ref) < 1e-2
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape", [(32, 4), (8, 1)], ids=["bv32w4", "bv8w1"])
+def test_chain_verify_real_shapes(monkeypatch, dtype, tol, shape):
+    """The recurrent chain verify at 35B-A3B heads: reconstruct (chains of 8, 5, 1; every accepted
+    node) and reconstruct_deferred over three steps, state in `dtype`, inside a CUDA graph whose
+    chain lengths change between replays."""
+    from policies.kernels import treewy
+    monkeypatch.setattr(treewy, "TUNING", dataclasses.replace(treewy.TUNING, chain_bv=shape[0], chain_warps=shape[1]))
+    x = on_gpu(random_inputs([chain(8), chain(5), [-1]], hk=16, hv=32, dk=128, dv=128, seed=7, dtype=torch.bfloat16))
+    x["state"] = x["state"].to(dtype)
+    o_ref, states = R.recurrence(**x)
+    o, ctx = reconstruct.verify(**{**x, "state": x["state"].clone()})
+    assert rel_err(o, o_ref) < max(tol, 4e-3)
+    for a in range(8):
+        acc = torch.tensor([a, min(a, 4), 0], dtype=torch.int32, device="cuda")
+        new = reconstruct.commit(dataclasses.replace(ctx, state=x["state"].clone()), acc)
+        assert rel_err(new, states[torch.arange(3), acc.long()].to(dtype)) < tol, a
+    static = {n: x[n].clone() for n in ("q", "k", "v", "g", "beta", "parent")}
+    static["lengths"] = torch.tensor([8, 5, 1], dtype=torch.int32, device="cuda")
+    ds = RD.DeferredState.start(x["state"].clone(), max_path=8, hk=16)
+    acc = torch.zeros(3, dtype=torch.int32, device="cuda")
+    RD.commit(RD.verify(**static, state=ds, check=False, chain=True)[1], acc, check=False)  # compile outside
+    RD.discard(ds, torch.ones(3, dtype=torch.bool, device="cuda"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_g, ctx_g = RD.verify(**static, state=ds, check=False, chain=True)
+        RD.commit(ctx_g, acc, check=False)
+    truth = x["state"].double()
+    for step, (lens, accepted) in enumerate((([8, 5, 1], [7, 2, 0]), ([3, 8, 2], [1, 7, 1]), ([8, 8, 8], [5, 0, 7]))):
+        y = on_gpu(random_inputs([chain(n) for n in lens], hk=16, hv=32, dk=128, dv=128, seed=30 + step, T=8,
+                                 dtype=torch.bfloat16))
+        for n in ("q", "k", "v", "g", "beta", "parent"):
+            static[n].copy_(y[n])
+        static["lengths"].copy_(torch.tensor(lens, dtype=torch.int32))
+        acc.copy_(torch.tensor(accepted, dtype=torch.int32))
+        o_ref, states = R.recurrence(**{**y, "lengths": static["lengths"], "state": truth})
+        graph.replay()
+        assert rel_err(o_g, o_ref) < max(tol, 6e-3), step
+        truth = states[torch.arange(3), acc.long()].to(dtype).double()
+    assert rel_err(RD.flush(ds), truth) < tol

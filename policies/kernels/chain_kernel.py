@@ -10,6 +10,8 @@ product is a float32 FMA on the register tile and a reduction within the rows a 
 previous step's pending commit is applied first, rank-1 update by update, and written back).
 Programs with value block 0 also write what the commit reads besides u: the path log-decays
 gc[t] = sum_{i<=t} g_i and (head 0) the chain's ancestor mask (lower triangle up to the length).
+SKIP (replay): positions [cached[b], O_START) are unused cache slots, off the path: the walk
+goes from the last valid cache slot straight to the tree's root at O_START (u = 0, gc = 0 there).
 """
 from __future__ import annotations
 
@@ -21,11 +23,48 @@ from policies.kernels.tile_math import state_block
 
 
 @triton.jit
-def _chain_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, lengths_ptr, o_ptr, u_ptr, mask_ptr, gc_ptr,
-                  pu_ptr, pk_ptr, pg_ptr, pn_ptr, T, Hk, Hv, O_START, T_OUT, P,
-                  DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, PENDING: tl.constexpr):
+def _step(s, gcum, t, b, h, hk, rv, rk, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, u_ptr, gc_ptr, T, Hk, Hv,
+          O_START, T_OUT, lead, DK: tl.constexpr, DV: tl.constexpr):
+    """Position t of the walk: decay, correct, update the tile; store u_t, o_t (t >= O_START) and gc_t."""
+    kt = tl.load(k_ptr + ((b * T + t) * Hk + hk) * DK + rk).to(tl.float32)
+    vt = tl.load(v_ptr + ((b * T + t) * Hv + h) * DV + rv).to(tl.float32)
+    gt = tl.load(g_ptr + (b * T + t) * Hv + h).to(tl.float32)
+    bt = tl.load(beta_ptr + (b * T + t) * Hv + h).to(tl.float32)
+    gcum += gt
+    s *= tl.exp(gt)
+    ut = bt * (vt - tl.sum(s * kt[None, :], axis=1))
+    s += ut[:, None] * kt[None, :]
+    tl.store(u_ptr + ((b * T + t) * Hv + h) * DV + rv, ut)
+    if t >= O_START:
+        qt = tl.load(q_ptr + ((b * T + t) * Hk + hk) * DK + rk).to(tl.float32)
+        ot = tl.sum(s * qt[None, :], axis=1)
+        tl.store(o_ptr + ((b * T_OUT + t - O_START) * Hv + h) * DV + rv, ot.to(o_ptr.dtype.element_ty))
+    if lead:  # value block 0 writes the per-(position, head) path log-decay
+        tl.store(gc_ptr + (b * T + t) * Hv + h, gcum)
+    return s, gcum
+
+
+@triton.jit
+def _blank(t, b, h, rv, o_ptr, u_ptr, gc_ptr, T, Hv, O_START, T_OUT, lead, DV: tl.constexpr, BV: tl.constexpr):
+    """Position t off the walk: zeros, as the other verifies write."""
+    tl.store(u_ptr + ((b * T + t) * Hv + h) * DV + rv, tl.zeros([BV], dtype=tl.float32))
+    if t >= O_START:
+        tl.store(o_ptr + ((b * T_OUT + t - O_START) * Hv + h) * DV + rv, tl.zeros([BV], dtype=o_ptr.dtype.element_ty))
+    if lead:  # value block 0 writes the per-(position, head) path log-decay
+        tl.store(gc_ptr + (b * T + t) * Hv + h, 0.0)
+
+
+@triton.jit
+def _chain_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, lengths_ptr, cached_ptr, o_ptr, u_ptr, mask_ptr,
+                  gc_ptr, pu_ptr, pk_ptr, pg_ptr, pn_ptr, T, Hk, Hv, O_START, T_OUT, P,
+                  DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, PENDING: tl.constexpr,
+                  SKIP: tl.constexpr):
     b, h, hk, vb, rv = state_block(Hk, Hv, DV=DV, BV=BV)
     n = tl.load(lengths_ptr + b)
+    if SKIP:
+        c_end = tl.load(cached_ptr + b)
+    else:
+        c_end = O_START
     rk = tl.arange(0, DK)
     p_s = state_ptr + ((b * Hv + h) * DV + rv[:, None]) * DK + rk[None, :]
     s = tl.load(p_s).to(tl.float32)
@@ -36,31 +75,19 @@ def _chain_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, lengths_ptr, 
         s = s.to(state_ptr.dtype.element_ty)
         tl.store(p_s, s)
         s = s.to(tl.float32)  # verify from the state exactly as committed (bf16: rounded)
-    lead = vb == 0
-    if lead & (h == 0):
+    if (vb == 0) & (h == 0):
         r = tl.arange(0, BT)
-        chain = (r[None, :] <= r[:, None]) & (r[:, None] < n)
-        tl.store(mask_ptr + b * BT * BT + r[:, None] * BT + r[None, :], chain.to(tl.int8))
+        on = (r[None, :] <= r[:, None]) & (r[:, None] < n) & ((r[None, :] < c_end) | (r[None, :] >= O_START))
+        tl.store(mask_ptr + b * BT * BT + r[:, None] * BT + r[None, :], on.to(tl.int8))
     gcum = 0.0
-    for t in range(0, n):
-        kt = tl.load(k_ptr + ((b * T + t) * Hk + hk) * DK + rk).to(tl.float32)
-        qt = tl.load(q_ptr + ((b * T + t) * Hk + hk) * DK + rk).to(tl.float32)
-        vt = tl.load(v_ptr + ((b * T + t) * Hv + h) * DV + rv).to(tl.float32)
-        gt = tl.load(g_ptr + (b * T + t) * Hv + h).to(tl.float32)
-        bt = tl.load(beta_ptr + (b * T + t) * Hv + h).to(tl.float32)
-        gcum += gt
-        s *= tl.exp(gt)
-        ut = bt * (vt - tl.sum(s * kt[None, :], axis=1))
-        s += ut[:, None] * kt[None, :]
-        ot = tl.sum(s * qt[None, :], axis=1)
-        tl.store(u_ptr + ((b * T + t) * Hv + h) * DV + rv, ut)
-        if t >= O_START:
-            tl.store(o_ptr + ((b * T_OUT + t - O_START) * Hv + h) * DV + rv, ot.to(o_ptr.dtype.element_ty))
-        if lead:
-            tl.store(gc_ptr + (b * T + t) * Hv + h, gcum)
-    for t in range(n, T):  # past the chain's length: zeros, as the other verifies write
-        tl.store(u_ptr + ((b * T + t) * Hv + h) * DV + rv, tl.zeros([BV], dtype=tl.float32))
-        if t >= O_START:
-            tl.store(o_ptr + ((b * T_OUT + t - O_START) * Hv + h) * DV + rv, tl.zeros([BV], dtype=o_ptr.dtype.element_ty))
-        if lead:
-            tl.store(gc_ptr + (b * T + t) * Hv + h, 0.0)
+    lead = vb == 0
+    for t in range(0, c_end):
+        s, gcum = _step(s, gcum, t, b, h, hk, rv, rk, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, u_ptr, gc_ptr,
+                        T, Hk, Hv, O_START, T_OUT, lead, DK=DK, DV=DV)
+    for t in range(c_end, O_START):
+        _blank(t, b, h, rv, o_ptr, u_ptr, gc_ptr, T, Hv, O_START, T_OUT, lead, DV=DV, BV=BV)
+    for t in range(O_START, n):
+        s, gcum = _step(s, gcum, t, b, h, hk, rv, rk, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, u_ptr, gc_ptr,
+                        T, Hk, Hv, O_START, T_OUT, lead, DK=DK, DV=DV)
+    for t in range(n, T):
+        _blank(t, b, h, rv, o_ptr, u_ptr, gc_ptr, T, Hv, O_START, T_OUT, lead, DV=DV, BV=BV)

@@ -116,15 +116,18 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
             oj = ej[:, None] * _dot(qj, st, QK16, S16, PREC)
             for i in range(0, j):
                 ti = i * BC + rc
-                ki = tl.load(k_ptr + ((b * T + ti[:, None]) * Hk + hk) * DK + rk[None, :], mask=(ti < n)[:, None],
-                             other=0.0).to(tl.float32)
-                gi = tl.load(gc_ptr + (b * T + ti) * Hv + h, mask=ti < n, other=0.0)
-                ui = tl.load(u_ptr + ((b * T + ti[:, None]) * Hv + h) * DV + rv[None, :])
                 anc = tl.load(mask_ptr + b * BT * BT + tj[:, None] * BT + ti[None, :]) != 0
-                dec = tl.where(anc, tl.exp(gj[:, None] - gi[None, :]), 0.0)
-                a_ji = bj[:, None] * dec * _dot(kj, tl.trans(ki), QK16, QK16, PREC)
-                rhs -= _dot(a_ji, ui, False, False, PREC)
-                oj += _dot(dec * _dot(qj, tl.trans(ki), QK16, QK16, PREC), ui, False, False, PREC)
+                # The mask is block-sparse (in BFS order the leaves fill the last blocks, and a leaf
+                # is nobody's ancestor): a block without ancestors adds nothing, so is skipped.
+                if tl.max(anc.to(tl.int32)) > 0:
+                    ki = tl.load(k_ptr + ((b * T + ti[:, None]) * Hk + hk) * DK + rk[None, :],
+                                 mask=(ti < n)[:, None], other=0.0).to(tl.float32)
+                    gi = tl.load(gc_ptr + (b * T + ti) * Hv + h, mask=ti < n, other=0.0)
+                    ui = tl.load(u_ptr + ((b * T + ti[:, None]) * Hv + h) * DV + rv[None, :])
+                    dec = tl.where(anc, tl.exp(gj[:, None] - gi[None, :]), 0.0)
+                    a_ji = bj[:, None] * dec * _dot(kj, tl.trans(ki), QK16, QK16, PREC)
+                    rhs -= _dot(a_ji, ui, False, False, PREC)
+                    oj += _dot(dec * _dot(qj, tl.trans(ki), QK16, QK16, PREC), ui, False, False, PREC)
             if PREP:
                 anc = ancr
             else:
@@ -132,11 +135,12 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
             dec = tl.where(anc, tl.exp(gj[:, None] - gj[None, :]), 0.0)
             uj = rhs
             if NSQ > 0:
-                lp = tl.where(lower, bj[:, None] * dec * _dot(kj, tl.trans(kj), QK16, QK16, PREC), 0.0)
-                uj = rhs - _dot(lp, rhs, False, False, PREC)
-                for _ in tl.static_range(NSQ - 1):
-                    lp = _dot(lp, lp, False, False, PREC)
-                    uj += _dot(lp, uj, False, False, PREC)
+                if tl.max((anc & lower).to(tl.int32)) > 0:  # a block of leaves (no strict ancestors): U = R
+                    lp = tl.where(lower, bj[:, None] * dec * _dot(kj, tl.trans(kj), QK16, QK16, PREC), 0.0)
+                    uj = rhs - _dot(lp, rhs, False, False, PREC)
+                    for _ in tl.static_range(NSQ - 1):
+                        lp = _dot(lp, lp, False, False, PREC)
+                        uj += _dot(lp, uj, False, False, PREC)
             oj += _dot(dec * _dot(qj, tl.trans(kj), QK16, QK16, PREC), uj, False, False, PREC)
             inside = (tj < T)[:, None]
             tl.store(u_ptr + ((b * T + tj[:, None]) * Hv + h) * DV + rv[None, :], uj, mask=inside)

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from policies.kernels.checks import capturing, check_accepted, check_inputs
+from policies.kernels.checks import capturing, check_accepted, check_inputs, resolve_chain
 from policies.kernels.treewy import BC, TreeSolve, combined_parents, lengths_or_full, wy_state, wy_verify
 from policies.replay import cache_slots
 
@@ -121,7 +121,9 @@ def _chain_parents(count: torch.Tensor, C: int) -> torch.Tensor:
 
 def verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
            parent: torch.Tensor, state: ReplayState, lengths: torch.Tensor | None = None,
-           check: bool = True) -> tuple[torch.Tensor, ReplayCtx]:
+           check: bool = True, chain: bool | None = None) -> tuple[torch.Tensor, ReplayCtx]:
+    """chain: the trees are chains, so cache + tree is one chain walked in recurrent form (the unused
+    cache slots skipped); None: found from `parent` when check reads it."""
     if not isinstance(state, ReplayState):
         raise ValueError(f"state must be a ReplayState (ReplayState.start(...)), got {type(state).__name__}")
     rs = state
@@ -131,8 +133,9 @@ def verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b
     B, T = parent.shape
     C = rs.capacity
     lengths = lengths_or_full(lengths, B, T, v.device)
+    chain = resolve_chain(chain, parent, lengths, check)
     if C == 0:
-        o, solve = wy_verify(q, k, v, g, beta, parent, rs.state, lengths)
+        o, solve = wy_verify(q, k, v, g, beta, parent, rs.state, lengths, chain=chain)
         return o, ReplayCtx(solve=solve, rs=rs, v=v, g=g, beta=beta, lengths=lengths)
     par = combined_parents(rs.count, C, parent)
     qc = torch.cat([torch.zeros_like(rs.k, dtype=q.dtype), q], dim=1)
@@ -140,7 +143,7 @@ def verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b
     vc = torch.cat([rs.v.to(v.dtype), v], dim=1)
     gc = torch.cat([rs.g.to(g.dtype), g], dim=1)
     bc = torch.cat([rs.beta.to(beta.dtype), beta], dim=1)
-    o, solve = wy_verify(qc, kc, vc, gc, bc, par, rs.state, lengths + C, out_start=C)
+    o, solve = wy_verify(qc, kc, vc, gc, bc, par, rs.state, lengths + C, out_start=C, chain=chain, cached=rs.count)
     return o, ReplayCtx(solve=solve, rs=rs, v=vc, g=gc, beta=bc, lengths=lengths)
 
 
@@ -176,6 +179,7 @@ def materialize(rs: ReplayState) -> torch.Tensor:
         return rs.state.clone()
     q = torch.zeros_like(rs.k)
     n = rs.count.clamp(min=1)
-    _, solve = wy_verify(q, rs.k, rs.v, rs.g, rs.beta, _chain_parents(rs.count, C).contiguous(), rs.state, n)
+    _, solve = wy_verify(q, rs.k, rs.v, rs.g, rs.beta, _chain_parents(rs.count, C).contiguous(), rs.state, n,
+                         chain=True)
     out = wy_state(solve, n - 1, out=torch.empty_like(rs.state))
     return torch.where((rs.count > 0)[:, None, None, None], out, rs.state)

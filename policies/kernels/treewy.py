@@ -17,6 +17,8 @@ Verify is two launches (one with `Tuning.prep` for T <= 16); commit one. `TUNING
   `_commit_dot_kernel` / `_state_kernel`  the commit: S_a = G_a S_0 + sum over the path
                    (G_a / G_i) u_i k_i^T, in place; 16 path nodes per tl.dot, or one rank-1
                    update per node (run 1: 77% of copy bandwidth at B = 64, T = 4).
+  `_chain_kernel`  (chains the caller declares, up to `Tuning.chain_max` positions) the verify in
+                   recurrent form: the state tile in registers, float32 FMA, no solve (chain_kernel.py).
   `_gather_path_kernel`  reconstruct_deferred's commit: the accepted path's weighted u and k
                    into the pending buffer; `_flush_kernel` writes a pending commit alone.
 Rows of the state are independent, so every state pass splits d_v across programs.
@@ -142,19 +144,21 @@ def tree_prep(parent: torch.Tensor, lengths: torch.Tensor, g: torch.Tensor) -> t
 
 def wy_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
               parent: torch.Tensor, state: torch.Tensor, lengths: torch.Tensor,
-              out_start: int = 0, pending: Pending | None = None, chain: bool = False
-              ) -> tuple[torch.Tensor, TreeSolve]:
+              out_start: int = 0, pending: Pending | None = None, chain: bool = False,
+              cached: torch.Tensor | None = None) -> tuple[torch.Tensor, TreeSolve]:
     """Outputs of positions out_start.. (earlier ones are replayed history) and the solve.
     With `pending`, the deferred commit is first applied to `state` (written in place).
-    chain: every tree is a chain (parent[t] = t - 1), verified in recurrent form when TUNING.chain."""
+    chain: every tree is a chain (parent[t] = t - 1), verified in recurrent form when TUNING.chain and
+    T <= TUNING.chain_max;
+    with `cached` (replay), positions [cached[b], out_start) are unused cache slots off the chain."""
     B, T, Hk, DK = q.shape
     Hv, DV = v.shape[2:]
     check_dims(DK, DV)
     if T > MAX_POSITIONS:
         raise ValueError(f"T (verify positions, replayed cache included) must be at most {MAX_POSITIONS}, got {T}")
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
-    if chain and TUNING.chain:
-        o, u, mask, gc = chain_pass(q, k, v, g.contiguous(), beta, state, lengths, out_start, pending)
+    if chain and TUNING.chain and T <= TUNING.chain_max:
+        o, u, mask, gc = chain_pass(q, k, v, g.contiguous(), beta, state, lengths, out_start, pending, cached)
         return o, TreeSolve(k=k, state=state, lengths=lengths, u=u, gc=gc, mask=mask)
     if TUNING.prep and T <= BC and (pending is not None or verify_kernel(T) == "fused"):
         # `_fused_kernel` writes both (PREP); poisoned here, so a tile it missed shows.
@@ -169,10 +173,11 @@ def wy_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
 
 
 def chain_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-               state: torch.Tensor, lengths: torch.Tensor, out_start: int = 0, pending: Pending | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+               state: torch.Tensor, lengths: torch.Tensor, out_start: int = 0, pending: Pending | None = None,
+               cached: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The recurrent verify of chains (`_chain_kernel`): o, u as `state_pass` returns them, and the
-    ancestor mask [B, BT, BT] and path log-decays gc [B, T, Hv] it writes for the commit."""
+    ancestor mask [B, BT, BT] and path log-decays gc [B, T, Hv] it writes for the commit.
+    cached (replay): per sequence, the valid slots of positions [0, out_start); the rest are skipped."""
     B, T, Hk, DK = q.shape
     Hv, DV = v.shape[2:]
     t = TUNING
@@ -182,9 +187,11 @@ def chain_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
     mask = torch.empty(B, padded(T), padded(T), dtype=torch.int8, device=v.device)
     gc = torch.empty(B, T, Hv, dtype=torch.float32, device=v.device)
     pd = pending or Pending(pu=u, pk=k, pg=gc, pn=lengths)  # placeholders: PENDING=False reads none
-    _chain_kernel[(B * Hv * (DV // BV),)](q, k, v, g, beta, state, lengths, o, u, mask, gc, pd.pu, pd.pk, pd.pg, pd.pn,
-                                          T, Hk, Hv, out_start, T - out_start, pd.pu.shape[1], DK=DK, DV=DV, BV=BV,
-                                          BT=mask.shape[-1], PENDING=pending is not None, num_warps=t.chain_warps)
+    _chain_kernel[(B * Hv * (DV // BV),)](q, k, v, g, beta, state, lengths, lengths if cached is None else cached, o, u,
+                                          mask, gc, pd.pu, pd.pk, pd.pg, pd.pn, T, Hk, Hv, out_start, T - out_start,
+                                          pd.pu.shape[1], DK=DK, DV=DV, BV=BV, BT=mask.shape[-1],
+                                          PENDING=pending is not None, SKIP=cached is not None,
+                                          num_warps=t.chain_warps)
     return o, u, mask, gc
 
 

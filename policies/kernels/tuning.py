@@ -63,10 +63,14 @@ class Tuning:
     pack: bool = True
     prep: bool = True
     prec: str = "bf16x3"
-    # Chains (every parent[t] = t - 1, declared by the caller) verify in recurrent form (`_chain_kernel`):
-    # chain_bv state rows per program, chain_warps warps (vLLM's decode kernel: 32 rows, 4 warps;
-    # fla's fused_recurrent: 8 rows, 1 warp). chain=False: chains take the tree kernels above.
+    # Chains (every parent[t] = t - 1, declared by the caller) of at most chain_max positions (replay:
+    # cache slots included) verify in recurrent form (`_chain_kernel`): chain_bv state rows per program,
+    # chain_warps warps (vLLM's decode kernel: 32 rows, 4 warps; fla's fused_recurrent: 8 rows, 1 warp).
+    # The walk costs a few float32 passes over the tile per position where the fused kernel's 16-position
+    # blocks run on the tensor cores (fla's recurrence at B = 128: 178 us at T = 4, 518 at T = 16), so
+    # long chains keep the fused kernel. chain=False: every chain takes the tree kernels above.
     chain: bool = True
+    chain_max: int = 8
     chain_bv: int = 32
     chain_warps: int = 4
 
