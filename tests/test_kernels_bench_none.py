@@ -2,16 +2,16 @@
 import torch
 
 from policies.kernels import reference as R
-from policies.kernels.bench_cases import MODELS, Case, none_cases, policy_bytes, sizes
+from policies.kernels.bench_cases import STUDY_MODELS, Case, none_cases, policy_bytes, sizes
 from policies.kernels.bench_fla import decode_reference
 from policies.kernels.inputs import random_inputs, rel_err
 
 
 def test_none_cases_are_one_token_per_model_dtype_and_batch():
-    cs = none_cases(("float32", "bfloat16"), (128, 1), tuple(MODELS))
+    cs = none_cases(("float32", "bfloat16"), (128, 1), STUDY_MODELS)
     assert [c.B for c in cs] == [128] * 4 + [1] * 4
     assert {(c.T, c.tree, c.depth) for c in cs} == {(1, "", 0)}
-    assert {(c.model, c.state_dtype) for c in cs} == {(m, d) for m in MODELS for d in ("float32", "bfloat16")}
+    assert {(c.model, c.state_dtype) for c in cs} == {(m, d) for m in STUDY_MODELS for d in ("float32", "bfloat16")}
 
 
 def test_none_bytes_read_and_write_the_state_once_and_commit_nothing():
