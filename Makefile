@@ -21,7 +21,7 @@ TORCH_INDEX ?=
 GPU_PY    ?= $(PY)
 GPU       ?= h200
 
-.PHONY: help venv dev test test-slow test-gpu sweep figures calibrate calibrate-validate \
+.PHONY: help venv dev test test-slow test-gpu sweep figures plan-example calibrate calibrate-validate \
         bench bench-sim bench-kernels docs replay-steps validate clean
 
 help:
@@ -31,6 +31,7 @@ help:
 	@echo "make bench-sim                 simulator speed; make bench-kernels GPU_PY=python3 on a GPU"
 	@echo "make calibrate GPU_PY=python3  measure layers on a GPU into results/calibration/$(GPU) (MODEL=<name>: one model)"
 	@echo "make validate                  simulate the published vLLM runs of validation/real -> results/validation"
+	@echo "make plan-example              specsim plan's worked example (20 configurations on ShareGPT) into docs/plan/"
 	@echo "make docs                      rerun the README's sweeps and runs into docs/ and rewrite its numbers"
 	@echo "make replay-steps              the 18 traced runs that calibrate replay executes (runs/replay/)"
 
@@ -69,6 +70,17 @@ sweep: venv
 
 figures: venv
 	$(PY) -m sim figures --sweep $(SWEEP_OUT)
+
+# specsim plan's worked example (docs/plan.md): Qwen3.5-35B-A3B on the H200, ShareGPT, p99 TTFT <= 2 s
+# and mean TPOT <= 50 ms, the five policies x gmu 0.75 / 0.9 x max_num_seqs 256 / 1024, GPUs for
+# 100 req/s, and a dense rate sweep of the best configuration. Probes are cached in PLAN_OUT.
+PLAN_OUT ?= results/plans/qwen3.5-35b-a3b-h200-sharegpt
+plan-example: venv
+	$(PY) -m sim plan --workload sharegpt --model qwen3.5-35b-a3b --hardware h200 \
+	  --slo ttft_p99=2s --slo tpot_mean=50ms --gmu 0.75 0.9 --max-num-seqs 256 1024 --rate 100 --dense-check \
+	  $(if $(JOBS),--jobs $(JOBS)) $(if $(filter 0,$(PROGRESS)),--no-progress) --out $(PLAN_OUT)
+	rm -rf docs/plan && mkdir -p docs/plan
+	cp $(PLAN_OUT)/plan.csv $(PLAN_OUT)/plan.json $(PLAN_OUT)/plan.png $(PLAN_OUT)/plan.pdf $(PLAN_OUT)/report.md docs/plan/
 
 # The published vLLM runs (validation/real/) on the committed calibration: validation.csv,
 # validation.json, figures/validation.png and one run folder per case.

@@ -64,6 +64,9 @@ def test_repeated_slo_is_refused():
     (["--policy", "nope"], "unknown policy 'nope'"),
     (["--start-rate", "2", "--min-rate", "4"], "0 < --min-rate <= --start-rate <= --max-rate"),
     (["--arrivals", "trace"], "--arrivals trace: workload synthetic-fixed has no arrival timestamps"),
+    (["--arrivals", "constant", "--burstiness", "0.5"], "--burstiness 0.5 shapes Poisson gaps"),
+    (["--dask-scheduler", "tcp://127.0.0.1:9"], "--dask-scheduler 'tcp://127.0.0.1:9': cannot reach a Dask scheduler"),
+    (["--rate", "0"], "--rate 0: the target load must be > 0"),
 ])
 def test_bad_plan_options_are_one_line_exit_2(capsys, tmp_path, flags, fragment):
     one_line_error(capsys, ["plan", *SMALL, "--slo", "ttft_p99=2s", *flags, "--out", str(tmp_path)], fragment)
