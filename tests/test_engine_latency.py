@@ -1,5 +1,6 @@
 """The analytic (roofline) latency model and `make_latency_model`."""
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -94,3 +95,26 @@ def test_make_latency_model_sources():
     lat = make_latency_model(m, hw, p, EngineConfig(step_overhead_us=250))
     assert lat.sources.by_term["overhead"] == "config" and lat.sources.summary() == "mixed"
     assert lat.step_time(decode(1)).terms["overhead"] == pytest.approx(250e-6)
+
+
+@pytest.mark.parametrize("kind", ["analytic", "eager_sum", "pipeline"])
+def test_drafter_passes_run_over_the_previous_depths_nodes(kind):
+    """After its first pass, the MTP drafter runs one pass per further depth over the nodes of
+    the depth before (tree (3, 2, 1): 3 then 6 per request), never over the deepest level.
+    Every pass is priced from its own width, so differences of K isolate one pass."""
+    def drafter(widths, depth):
+        if kind == "analytic":
+            lm = analytic(widths=widths)
+        else:
+            m = load_model("qwen3.5-35b-a3b")
+            pol = make_policy(m, load_policy("reconstruct", {"draft_tree_widths": list(widths)}))
+            lm = make_latency_model(m, load_hardware("h200"), pol, EngineConfig(latency_pricing=kind))
+        return lm.step_time(replace(decode(64, vp=16), draft_depth=depth)).terms["drafter"]
+
+    def later_pass(widths, depth):  # the pass a step with `depth` drafter passes adds to one with depth - 1
+        return drafter(widths, depth) - drafter(widths, depth - 1)
+
+    tree = (3, 2, 1)
+    assert later_pass(tree, 2) == pytest.approx(later_pass((3, 1, 1), 2), rel=1e-12)  # over 3 nodes each
+    assert later_pass(tree, 3) == pytest.approx(later_pass((6, 1, 1), 2), rel=1e-12)  # over 6 nodes each
+    assert later_pass(tree, 3) > later_pass((3, 1, 1), 3) > 0  # 6 nodes cost more than 3

@@ -224,6 +224,20 @@ def test_conservation(case, semantics):
     assert res.pool.free == res.pool.capacity  # everything given back
 
 
+@pytest.mark.parametrize("policy, widths", [("store_all", (1, 1, 1)), ("reconstruct", (3, 3, 3))])
+def test_pool_rejection_counts_one_verify_tree_and_the_lookahead(policy, widths):
+    """A request is rejected when its largest footprint (every token, one verify tree and the
+    K lookahead slots) exceeds the pool; one token shorter, it runs to the end alone."""
+    model, pol, layout, _ = setup(policy, widths)
+    b = layout.attn_block_tokens
+    extra = pol.verify_positions + model.mtp_depth  # 1 + N verify positions, K lookahead slots
+    blocks = layout.blocks_for(4 * b) + 1  # + vLLM's null block
+    fits = 4 * b - extra
+    res, s = scenario(specs((fits - 20, 20), (fits - 19, 20)), policy=policy, widths=widths, num_blocks=blocks)
+    assert by_id(res)[0].status is Status.FINISHED and by_id(res)[0].generated == 20
+    assert by_id(res)[1].reject_reason == "exceeds_pool" and s["rejected_reasons"] == {"exceeds_pool": 1}
+
+
 def test_prompt_longer_than_context_is_rejected():
     res, s = scenario(specs((300_000, 10), (100, 10)))
     assert by_id(res)[0].reject_reason == "exceeds_context"

@@ -179,6 +179,21 @@ def test_admission_checks_the_whole_prompt_without_lookahead():
     assert {r.rid: round(r.first_scheduled_s / DT) for r in res.requests} == {0: 0, 1: 0}
 
 
+@pytest.mark.parametrize("engine", [OLD, CURRENT], ids=["old", "current"])
+def test_whole_prompt_admission_spares_preemptions(engine):
+    """Two requests, a pool of one long request plus a little: the whole-prompt check keeps
+    the second one waiting until the first is done; checking only its first chunk admits it
+    into blocks the first one's growth needs, and the two preempt each other."""
+    layout = setup(engine=engine)[2]
+    b = layout.attn_block_tokens
+    lengths = specs((int(4.5 * b), 200), (5 * b, 200))
+    blocks = layout.blocks_for(int(4.5 * b) + 64) + layout.state_blocks + 3
+    _, whole = scenario(lengths, num_blocks=blocks, max_tokens=2 * b, engine=engine)
+    _, chunk = scenario(lengths, num_blocks=blocks, max_tokens=2 * b, engine=engine, admission="first_chunk")
+    assert whole["preemptions"] == 0 and whole["completed"] == 2
+    assert chunk["preemptions"] >= 10 and chunk["completed"] == 2
+
+
 def test_round_trip_delays_the_engine_and_counts_in_ttft():
     rt = 0.25 * DT
     res, s = scenario(specs((100, 3), (100, 3)), mtp_depth=0, concurrency=1, round_trip_s=rt)
