@@ -103,19 +103,22 @@ calibrate:
 calibrate-validate: venv
 	$(PY) -m sim calibrate validate --gpu $(GPU)
 
-# The README's numbers and figures: the paper and trees sweeps on sharegpt and six single
-# runs, copied into docs/ (committed), then the README's generated blocks rewritten from them.
-DOC_RUNS := synthetic-fixed sharegpt
+# The README's numbers and figures: the paper and trees sweeps on sharegpt and one run per policy
+# (sim/readme.py names them), copied into docs/ (committed), then the README's generated blocks
+# rewritten from them. From a committed tree only: the sweeps record the commit they ran from.
 docs: venv
+	@test -z "$$(git status --porcelain --untracked-files=no)" || { \
+	  echo "make docs: the tree has uncommitted changes; commit them first (docs/ records the commit it was made from)"; exit 1; }
 	$(MAKE) sweep WORKLOAD=sharegpt SWEEP_OUT=results/sweeps/sharegpt
 	$(MAKE) sweep WORKLOAD=sharegpt GRID=configs/grids/trees.yaml SWEEP_OUT=results/sweeps/sharegpt-trees
 	rm -rf docs/sweeps docs/runs && mkdir -p docs/runs
 	for s in sharegpt sharegpt-trees; do \
 	  mkdir -p docs/sweeps/$$s && cp -r results/sweeps/$$s/points.csv results/sweeps/$$s/sweep.json \
 	    results/sweeps/$$s/report.md results/sweeps/$$s/figures docs/sweeps/$$s/ || exit 1; done
-	for w in $(DOC_RUNS); do for p in store_all reconstruct replay; do \
+	w=$$($(PY) -c 'from sim.readme import RUN_WORKLOAD; print(RUN_WORKLOAD)'); \
+	for p in $$($(PY) -c 'from sim.readme import RUN_POLICIES; print(*RUN_POLICIES)'); do \
 	  $(PY) -m sim run $$($(PY) -c 'from sim.readme import RUN_ARGS; print(RUN_ARGS)') --policy $$p --workload $$w \
-	    --out runs/docs/$$w-$$p > /dev/null && cp runs/docs/$$w-$$p/summary.json docs/runs/$$w-$$p.json || exit 1; done; done
+	    --out runs/docs/$$w-$$p > /dev/null && cp runs/docs/$$w-$$p/summary.json docs/runs/$$w-$$p.json || exit 1; done
 	$(MAKE) validate VALIDATION_OUT=results/validation
 	rm -rf docs/validation && mkdir -p docs/validation && cp -r results/validation/validation.csv \
 	  results/validation/validation.json results/validation/figures docs/validation/

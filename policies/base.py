@@ -53,14 +53,15 @@ class CommitPolicy:
         """vLLM's num_speculative_blocks: extra state blocks per GDN group at admission."""
         return 0
 
-    def state_blocks_per_layer(self, align: bool = False) -> int:
-        """State blocks per request per GDN group: 1 + the speculative ones, and in vLLM's
-        mamba cache mode "align" (prefix caching on) one more for the block-aligned state."""
+    def state_blocks_per_group(self, align: bool = False) -> int:
+        """State blocks a request holds in each GDN group (each block holds one state page per layer
+        of the group): 1 + the speculative ones, and in vLLM's mamba cache mode "align" (prefix
+        caching on) one more for the block-aligned state. The one block count this project reports."""
         return (2 if align else 1) + self.spec_blocks_per_group()
 
     def spec_state_bytes_per_seq(self) -> int:
         """All full GDN states the policy keeps per running sequence (all GDN layers)."""
-        return self.state_blocks_per_layer() * self.model.gdn_layers * self.model.gdn_state_bytes_per_layer
+        return self.state_blocks_per_group() * self.model.gdn_layers * self.model.gdn_state_bytes_per_layer
 
     def cache_bytes_per_seq_per_gpu(self) -> int:
         """Persistent bytes outside state pages (replay's input cache); 0 by default."""

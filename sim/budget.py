@@ -257,7 +257,7 @@ def block_layout(model: ModelConfig, policy: CommitPolicy, pool_bytes: int,
     page = tokens * per_token
     align = engine.resolved_mamba_cache_mode == "align"
     if model.mtp_depth > 0:
-        state_blocks = policy.state_blocks_per_layer(align)
+        state_blocks = policy.state_blocks_per_group(align)
         cache = -(-policy.cache_bytes_per_seq_per_gpu() // (page * groups.group_size))
     else:  # no speculation: every policy keeps the one running state
         state_blocks, cache = 2 if align else 1, 0

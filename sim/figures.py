@@ -143,7 +143,8 @@ def fig_breakdown(df: pd.DataFrame, manifest: dict[str, Any], fig_dir: Path) -> 
         "slack. Each panel is one metric: bars are the geometric mean of the policy's ratio to "
         f"`{BASELINE}` over the points of a class (number under the bar, n = points), dots are the points. "
         "A bar above 1x means a larger value than the baseline: better for throughput, worse for latencies "
-        "(each panel's title says which way is better)."
+        "(each panel's title says which way is better). Where throughput rises, TPOT rises too: a policy that "
+        "frees state blocks runs more requests at once, so every step carries a bigger batch and takes longer."
     )
     if table.empty:
         return Section(title, None, note + " Not drawn: no policy has an ok baseline point.", [])
@@ -269,6 +270,7 @@ def _against_load(
     title: str,
     metrics: list[tuple[str, str, bool, Callable[[pd.Series], pd.Series]]],  # column, y label, log y, transform
     reference: tuple[float, str] | None = None,  # a horizontal line (value, label), e.g. the full pool
+    explain: str = "",  # how to read the figure, under it and in its note
 ) -> Section:
     load = manifest.get("load_axis")
     ok = df[df["status"] == "ok"]
@@ -308,7 +310,7 @@ def _against_load(
     _header(fig, f"{manifest.get('workload', '')}: {title}", handles)
     spread = (f"Policies at the same load are drawn side by side, {DODGE:.0%}"
               " of the axis apart, so equal values stay visible.")
-    fig.supxlabel(spread, fontsize=7)
+    fig.supxlabel("\n".join(textwrap.wrap(f"{explain} {spread}".strip(), 160)), fontsize=7)
     _save(fig, fig_dir, stem)
     index = ["model", *facets, "engine.gmu", load]
     tables = []
@@ -316,7 +318,7 @@ def _against_load(
         wide = ok.pivot_table(index=index, columns="policy", values=col, sort=False, dropna=False)
         tables.append((ylabel, transform(wide[policies_in(ok)]).reset_index()))
     note = (f"One panel per model and gmu{' (and ' + ', '.join(facets) + ')' if facets else ''}, one line per "
-            f"policy (colour and marker). {spread}")
+            f"policy (colour and marker). {explain + ' ' if explain else ''}{spread}")
     if marked:
         note += " An x on the load axis marks a point that did not run."
     if caption := _not_run_note(df):
@@ -331,7 +333,10 @@ def _same(s: pd.Series) -> pd.Series:
 def fig_kv_usage(df: pd.DataFrame, manifest: dict[str, Any], fig_dir: Path) -> Section:
     return _against_load(df, manifest, fig_dir, "fig2_peak_kv_usage", "Peak KV + state pool usage against load",
                          [("peak_kv_usage", "peak KV + state pool usage (%)", False, lambda s: 100 * s)],
-                         reference=(100.0, "pool full"))
+                         reference=(100.0, "pool full"),
+                         explain=f"A policy can plateau below 100% and still be memory-bound (requests waited): a waiting "
+                                 "request is admitted only when blocks for its whole prompt and all its state blocks are "
+                                 "free, so it waits while smaller gaps in the pool stay unused.")
 
 
 def fig_latency_throughput(df: pd.DataFrame, manifest: dict[str, Any], fig_dir: Path) -> Section:
@@ -344,7 +349,7 @@ def fig_latency_throughput(df: pd.DataFrame, manifest: dict[str, Any], fig_dir: 
 # (column, label, same at every gmu and load: drawn once at the top)
 TREE_METRICS = [
     ("mean_accepted_len", "accepted length (tokens/step)", True),
-    ("state_blocks_per_layer", "state blocks per request\nper GDN layer", True),
+    ("state_blocks_per_group", "state blocks per request\nin each GDN group", True),
     ("peak_kv_gib", "peak KV + state pool use (GiB)", False),
     ("output_throughput_tok_s", "output tok/s (higher is better)", False),
 ]

@@ -90,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
     if model.mtp_depth and policy.tree.depth > model.mtp_depth:
         raise ConfigError(f"--tree {policy.tree} has depth {policy.tree.depth}, but {model.name} drafts only "
                           f"{model.mtp_depth} tokens (--num-speculative-tokens)")
-    facts = memory_facts(model, policy)
+    facts = memory_facts(model, policy, engine.resolved_mamba_cache_mode == "align")
     lines: list[str] = []
     if args.hardware or args.kv_cache_memory_gib is not None:
         hw = load_hardware(args.hardware) if args.hardware else None

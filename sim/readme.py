@@ -25,10 +25,13 @@ from sim.report import BASELINE, breakdown_table, md_table, policies_in, read_po
 DOCS = REPO_ROOT / "docs"
 PAPER_SWEEP = "sweeps/sharegpt"
 TREES_SWEEP = "sweeps/sharegpt-trees"
-# The single runs of the README's "one point, three policies" table, in table order.
-RUN_WORKLOADS = ("synthetic-fixed", "sharegpt")
-RUN_POLICIES = ("store_all", "reconstruct", "replay")
+# The single runs of the README's "one point, every policy" table, in table order.
+RUN_WORKLOAD = "sharegpt"
+RUN_POLICIES = ("none", "store_all", "reconstruct", "reconstruct_deferred", "replay")
 RUN_ARGS = "--model qwen3.5-35b-a3b --hardware h200 --gmu 0.6 --concurrency 128 --num-requests 1000 --seed 0"
+# The step executor's replay the step-check block reports (committed with the calibration).
+STEP_REPLAY = REPO_ROOT / "results" / "calibration" / "h200" / "qwen3.5-35b-a3b" / "replay_summary.json"
+STEP_KINDS = ("uniform_decode", "mixed_graph", "mixed_eager", "prefill_only", "all")
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated: (?P=name) -->)", re.S)
 
 
@@ -53,43 +56,43 @@ def _x(v: float) -> str:
 
 # ------------------------------------------------------------------------- blocks
 def headline(docs: Path) -> str:
-    """Figure 1's numbers: geometric-mean ratios per model, policy and metric, by class."""
+    """Figure 1's numbers: geometric-mean ratios per model and policy, memory-bound / slack."""
     df, manifest = _read_sweep(docs, PAPER_SWEEP)
     table = breakdown_table(df)
     rows = []
-    for (model, policy, metric), group in table.groupby(["model", "policy", "metric"], sort=False):
-        cells = {r["class"]: (f"{_x(r['geomean'])} (n={r['n']})" if r["n"] else "no points") for _, r in group.iterrows()}
-        rows.append({"model": model, "policy": policy, "metric": metric,
-                     "memory-bound": cells.get("memory-bound", "-"), "slack": cells.get("slack", "-")})
-    counts = df["status"].value_counts()
+    for (model, policy), group in table.groupby(["model", "policy"], sort=False):
+        row = {"model": model, "policy": policy}
+        for metric, cells in group.groupby("metric", sort=False):
+            by = {r["class"]: r for _, r in cells.iterrows()}
+            row["points"] = " / ".join(str(by[c]["n"]) if c in by else "0" for c in ("memory-bound", "slack"))
+            row[metric.split(" (")[0]] = " / ".join(_x(by[c]["geomean"]) if c in by and by[c]["n"] else "-"
+                                     for c in ("memory-bound", "slack"))
+        rows.append(row)
     bad = df[df["status"] != "ok"]
-    why = "; ".join(f"{model} at gmu {gmu:g} ({len(g)} points)" for (model, gmu), g in bad.groupby(["model", "engine.gmu"], sort=False))
-    text = (f"`{manifest['command']}`: {len(df)} points, {counts.get('ok', 0)} ran"
-            + (f", {len(bad)} did not ({', '.join(f'{n} {s}' for s, n in bad['status'].value_counts().items())}: {why})" if len(bad) else "")
-            + f". Ratio = policy / `{BASELINE}` at the same point, geometric mean over the points of a class "
-            "(n = points); the same numbers are printed under figure 1's bars.\n\n")
-    return text + md_table(pd.DataFrame(rows))
+    why = "; ".join(f"{model} at gmu {gmu:g}" for (model, gmu), _ in bad.groupby(["model", "engine.gmu"], sort=False))
+    text = (f"`{manifest['grid']}` on `{manifest['workload']}`: {len(df)} points"
+            + (f", {len(bad)} could not run ({why})" if len(bad) else "")
+            + f". Cells: the policy's metric / `{BASELINE}`'s at the same point, geometric mean over "
+            "memory-bound / slack points (figure 1's bars).\n\n")
+    wide = pd.DataFrame(rows)
+    return text + md_table(wide[["model", "policy", "points", *[c for c in wide if c not in ("model", "policy", "points")]]])
 
 
 def one_point(docs: Path) -> str:
-    """The six single runs: each policy on two workloads at one memory-bound point."""
+    """The single runs: every policy at one memory-bound point."""
     rows, pools = [], set()
-    for workload in RUN_WORKLOADS:
-        for policy in RUN_POLICIES:
-            s = _read_run(docs, workload, policy)
-            pools.add((s["pool_bytes"], s["num_blocks"], s["block_bytes"], s["block_size_tokens"]))
-            rows.append({
-                "workload": workload, "policy": policy, "state blocks / request": s["state_blocks_per_request"],
-                "out tok/s": f"{s['output_throughput_tok_s']:.0f}",
-                "TTFT mean / p99 (s)": f"{s['ttft_mean_s']:.2f} / {s['ttft_p99_s']:.2f}",
-                "TPOT mean (ms)": f"{1000 * s['tpot_mean_s']:.1f}",
-                "peak / mean pool usage": f"{s['peak_kv_usage']:.2f} / {s['mean_kv_usage']:.2f}",
-                "waited for memory": s["waited_for_memory"], "preemptions": s["preemptions"],
-                "mean engine wait (s)": f"{s['mean_waiting_s']:.2f}", "latency": s["latency_source"],
-            })
+    for policy in RUN_POLICIES:
+        s = _read_run(docs, RUN_WORKLOAD, policy)
+        pools.add((s["pool_bytes"], s["num_blocks"], s["block_bytes"], s["block_size_tokens"]))
+        rows.append({
+            "policy": policy, "state blocks per GDN group": f"{s['state_blocks_per_group']}"
+            + (f" (+ {s['cache_blocks_per_request']} cache)" if s["cache_blocks_per_request"] else ""),
+            "out tok/s": f"{s['output_throughput_tok_s']:.0f}", "p99 TTFT (s)": f"{s['ttft_p99_s']:.2f}",
+            "mean TPOT (ms)": f"{1000 * s['tpot_mean_s']:.1f}", "waited for memory": s["waited_for_memory"],
+        })
     pool, blocks, block_bytes, tokens = sorted(pools)[0]
-    intro = (f"Pool {pool / GiB:.2f} GiB: {blocks:,} blocks of {block_bytes / MiB:.2f} MiB, attention blocks "
-             f"enlarged to {tokens:g} tokens. Each row: `specsim run {RUN_ARGS} --policy P --workload W`.\n\n")
+    intro = (f"`specsim run {RUN_ARGS} --workload {RUN_WORKLOAD} --policy P`: {blocks:,} blocks of "
+             f"{block_bytes / MiB:.2f} MiB ({pool / GiB:.2f} GiB).\n\n")
     return intro + md_table(pd.DataFrame(rows))
 
 
@@ -107,20 +110,16 @@ def trees(docs: Path) -> str:
     wide = at.pivot_table(index="tree", columns="policy", values="output_throughput_tok_s", sort=False)
     wide = wide[policies_in(at)].map(lambda v: f"{v:.0f}").reset_index()
     wide["tree"] = wide["tree"].map(lambda t: f"({t})")
-    return f"Output tok/s on `{manifest['workload']}` at {where} (`{manifest['command']}`):\n\n" + md_table(wide)
+    return f"Output tok/s, `{manifest['grid']}` on `{manifest['workload']}` at {where}:\n\n" + md_table(wide)
 
 
-def timing(docs: Path) -> str:
-    _, manifest = _read_sweep(docs, PAPER_SWEEP)
-    first = next((c for c in reversed(manifest.get("history", [])) if c["cached"] == 0), None)
-    cached = next((c for c in reversed(manifest.get("history", [])) if c["ran"] == 0), None)
-    parts = []
-    if first:
-        parts.append(f"{first['ran']} points in {first['wall_s']:.0f} s on {first['executor']} from an empty folder")
-    if cached:
-        parts.append(f"{cached['wall_s']:.1f} s when every point is cached")
-    return ("The paper sweep as committed in `docs/` (its `sweep.json`): " + ", ".join(parts) + ".\n"
-            if parts else "The committed sweep.json records no timing.\n")
+def provenance(docs: Path) -> str:
+    """Which code made docs/: the commit and code version its sweeps recorded."""
+    manifests = [_read_sweep(docs, name)[1] for name in (PAPER_SWEEP, TREES_SWEEP)]
+    commits = sorted({m.get("git") or "unknown" for m in manifests})
+    versions = sorted({v for m in manifests for v in m.get("code_versions", [])})
+    return (f"From `docs/sweeps/` and `docs/runs/`, written by `make docs` at commit `{', '.join(commits)}` "
+            f"(code version `{', '.join(versions)}`).\n")
 
 
 def models(docs: Path) -> str:
@@ -145,11 +144,8 @@ def models(docs: Path) -> str:
     return md_table(pd.DataFrame(rows))
 
 
-
-
 VALIDATION = "validation"  # docs/validation/: `make validate`'s validation.csv and validation.json, copied
-VALIDATION_METRICS = (("duration_s", "duration (s)"), ("ttft_mean_ms", "mean TTFT (ms)"),
-                      ("latency_mean_s", "mean latency (s)"), ("tpot_mean_ms", "mean TPOT (ms)"),
+VALIDATION_METRICS = (("ttft_mean_ms", "mean TTFT (ms)"), ("tpot_mean_ms", "mean TPOT (ms)"),
                       ("total_throughput_tok_s", "total tok/s"))
 
 
@@ -166,7 +162,7 @@ def validation(docs: Path) -> str:
     rows = []
     for case, group in df.groupby("case", sort=False):
         by = group.set_index("metric")
-        row = {"case": case.removeprefix("gpustack-h200-qwen3.5-35b-a3b-")}
+        row = {"case": case.removeprefix("gpustack-h200-qwen3.5-35b-a3b-").removesuffix("-bf16-baseline")}
         for metric, label in VALIDATION_METRICS:
             if metric in by.index:
                 r = by.loc[metric]
@@ -174,14 +170,27 @@ def validation(docs: Path) -> str:
         rows.append(row)
     report = json.loads((docs / VALIDATION / "validation.json").read_text())
     skipped = len(report.get("not_expressible", {}))
-    return ("Each cell: published / simulated (simulated / published), GPUStack's Qwen3.5-35B-A3B runs on one "
-            f"H200 (vLLM 0.17.1, guidellm constant rate 1000); {skipped} more published cases are not expressible "
-            "yet (`validation.json` says why). `make validate` reruns it:\n\n" + md_table(pd.DataFrame(rows)))
+    return (f"Published / simulated (simulated / published); {skipped} more cases are not expressible yet "
+            "(`validation.json` says why).\n\n" + md_table(pd.DataFrame(rows)))
 
 
-# In the README's order.
+def step_check(docs: Path) -> str:
+    """The step model against the GPU step executor (the committed replay summary)."""
+    s = json.loads(STEP_REPLAY.read_text())
+    nominal = s["host_speed"]["nominal"]
+
+    def err(e: dict) -> str:
+        return f"{e['median_ape']:.1f} / {e['p90_ape']:.1f} / {e['bias']:+.1f}"
+    rows = [{"step kind": k, "steps": s[k]["n"], "all": err(s[k]), "at nominal host speed": err(nominal[k])}
+            for k in STEP_KINDS if k in s]
+    return (f"`{STEP_REPLAY.relative_to(REPO_ROOT)}`: {s['sum_measured_s']:.1f} s of steps measured, "
+            f"{s['sum_predicted_s']:.1f} s predicted.\n\n" + md_table(pd.DataFrame(rows)))
+
+
+# Each block of the README by name, in the README's order; a section another module adds is one more entry.
 BLOCKS: dict[str, Callable[[Path], str]] = {"headline": headline, "one-point": one_point, "trees": trees,
-                                          "validation": validation, "models": models, "timing": timing}
+                                            "provenance": provenance, "models": models, "step-check": step_check,
+                                            "validation": validation}
 
 
 def render(docs: Path = DOCS) -> dict[str, str]:

@@ -113,7 +113,8 @@ def _simulate(cfg: RunConfig, staged: StagedOutput | None) -> dict[str, Any]:
         "num_blocks": layout.num_blocks,
         "block_size_tokens": layout.attn_block_tokens,
         "block_bytes": layout.block_bytes,
-        "state_blocks_per_request": layout.state_blocks,
+        "state_blocks_per_group": layout.state_blocks_per_group,
+        "cache_blocks_per_request": layout.cache_blocks,
         "pool_bytes": budget.pool_bytes,
         "activation_source": budget.activation_source,
         "engine_semantics": result.semantics,  # the engine behaviours used (docs/engine.md)

@@ -34,7 +34,7 @@ def test_memory_facts(model, policy, widths, ssm_dtype):
     assert f["gdn_state_bytes_per_seq"] == state
     assert f["kv_bytes_per_seq_32k"] == kv32k
     blocks = {"store_all": 4 if widths == [1, 1, 1] else 40}.get(policy, 1)
-    assert f["state_blocks_per_layer"] == blocks
+    assert f["state_blocks_per_group"] == blocks  # mamba cache mode none: the facts as stated
     assert f["spec_state_bytes_per_seq"] == blocks * state
 
 
@@ -65,7 +65,7 @@ def test_memory_cli_json(capsys):
     assert cli(["memory", "--model", "qwen3.5-35b-a3b", "--policy", "store_all", "--tree", "1,1,1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     for key in ("gdn_state_bytes_per_seq", "conv_state_bytes_per_seq", "spec_state_bytes_per_seq",
-                "kv_bytes_per_token", "state_blocks_per_layer"):
+                "kv_bytes_per_token", "state_blocks_per_group"):
         assert key in out
     assert out["conv_state_bytes_per_seq"] == 30 * (2 * 16 * 128 + 32 * 128) * (3 + 3) * 2
 

@@ -65,7 +65,7 @@ def test_page_padding_matches_the_real_log():
 
 @pytest.mark.parametrize("policy,none_blocks,align_blocks", [
     ("store_all", 1 + 3, 2 + 3), ("reconstruct", 1, 2), ("replay", 1, 2)])
-def test_state_blocks_per_request_per_policy_and_mode(policy, none_blocks, align_blocks):
+def test_state_blocks_per_group_per_policy_and_mode(policy, none_blocks, align_blocks):
     _, off = layout(policy=policy, engine=NONE)
     _, on = layout(policy=policy, engine=ALIGN)
     assert (off.state_blocks_per_group, on.state_blocks_per_group) == (none_blocks, align_blocks)

@@ -30,8 +30,7 @@ def test_none_runs_without_drafts_or_draft_state():
     assert s["tree"] == ""
     base = simulate(config(policy="store_all"))
     # Prefix caching on (align): 2 state blocks per GDN group, store_all adds K = 3 per group.
-    groups = base["state_blocks_per_request"] // 5
-    assert s["state_blocks_per_request"] == 2 * groups
+    assert (base["state_blocks_per_group"], s["state_blocks_per_group"]) == (5, 2)
     # One token per decode step: every output token but the first costs a step of its own.
     assert s["num_steps"] > base["num_steps"]
 
@@ -76,7 +75,7 @@ def test_memory_cli_num_speculative_tokens_zero_is_none(capsys):
     assert cli(["memory", "--model", "qwen3.5-35b-a3b", "--hardware", "h200", "--num-speculative-tokens", "0",
                 "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
-    assert facts["policy"] == "none" and facts["state_blocks_per_layer"] == 1
+    assert facts["policy"] == "none" and facts["state_blocks_per_group"] == 2
     assert facts["num_speculative_tokens"] == 0 and facts["state_blocks_per_group"] == 2
     assert cli(["memory", "--model", "qwen3.5-35b-a3b", "--policy", "none", "--num-speculative-tokens", "2"]) == 2
 
@@ -113,5 +112,5 @@ def test_sweep_with_none_reports_whether_speculation_pays(tmp_path):
     import pandas as pd
     df = pd.read_csv(out / "points.csv")
     none = df[df["policy"] == "none"]
-    assert len(none) == 2 and set(none["state_blocks_per_layer"]) == {1}
+    assert len(none) == 2 and set(none["state_blocks_per_group"]) == {2}
     assert none["tree"].isna().all()
