@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from core.calibration_files import model_file
 from core.config import HardwareConfig
 from core.interp import Curve1D, GridInterpolator, from_rows
 from core.tables import DECODE_CONV, DECODE_CONV_COLUMNS, STEP_COLUMNS, TABLES, TableError, read_rows
@@ -15,13 +16,19 @@ from core.tables import DECODE_CONV, DECODE_CONV_COLUMNS, STEP_COLUMNS, TABLES, 
 MODES = ("graph", "eager")
 
 
+def _file(mdir: Path, name: str) -> Path:
+    """A file of the model's calibration folder, through the one list the code version hashes."""
+    return model_file(mdir.parent, mdir.name, name)
+
+
 def load_tables(mdir: Path, *, extrapolate: bool = True) -> dict[tuple[str, str], GridInterpolator]:
     """Every layer table in TABLES, both modes; a missing required or partial table is an error."""
     out = {}
     for name, spec in TABLES.items():
-        if not spec.required and not (mdir / f"{name}.csv").exists():
+        path = _file(mdir, f"{name}.csv")
+        if not spec.required and not path.exists():
             continue
-        rows = read_rows(mdir / f"{name}.csv")
+        rows = read_rows(path)
         for mode in MODES:
             sel = [r for r in rows if r["mode"] == mode]
             if not sel and not spec.required:  # e.g. a kernel that could not be graph-captured
@@ -39,7 +46,7 @@ def load_tables(mdir: Path, *, extrapolate: bool = True) -> dict[tuple[str, str]
 def load_decode_conv(mdir: Path, policy: str, *, extrapolate: bool = True) -> Curve1D | None:
     """The GPU time of one GDN layer's decode core outside the policy's kernels (gdn_decode_conv.csv,
     the policy's graph rows) over decode tokens; None where it was not measured."""
-    path = mdir / f"{DECODE_CONV}.csv"
+    path = _file(mdir, f"{DECODE_CONV}.csv")
     if not path.exists():
         return None
     rows = [r for r in read_rows(path, DECODE_CONV_COLUMNS) if r["policy"] == policy and r["mode"] == "graph"]
@@ -63,7 +70,7 @@ def load_overhead(mdir: Path) -> float | None:
     launch, download and sync that every step pays. Eager rows already carry the
     launch cost in the eager tables, and their host/GPU difference is launch jitter.
     """
-    path = mdir / "step_check.csv"
+    path = _file(mdir, "step_check.csv")
     if not path.exists():
         return None
     rows = [r for r in read_rows(path, STEP_COLUMNS) if r["mode"] == "graph"]

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from core.calibration_files import model_file
 from core.interp import Curve1D, from_rows
 from core.tables import HOST_COLUMNS, HOST_OPS, HOST_POLICY_COLUMNS, HOST_POLICY_OPS, TableError, read_rows
 
@@ -125,7 +126,7 @@ class HostCosts:
         host.csv's (measured under one policy) for the ops the policy launches (HOST_POLICY_OPS)."""
         if not path.exists():
             return cls({}, step_overhead_us, scale, step_source)
-        fit = path.parent / HOST_FIT
+        fit = model_file(path.parent.parent, path.parent.name, HOST_FIT)
         try:
             groups = json.loads(fit.read_text())["scales"] if fit.exists() else None
         except (ValueError, KeyError, TypeError) as e:
@@ -138,7 +139,7 @@ class HostCosts:
                                        extrapolate=extrapolate).partial()
             except ValueError as e:
                 raise TableError(f"{path}: op {op}: {e}") from None
-        pol = path.parent / HOST_POLICIES
+        pol = model_file(path.parent.parent, path.parent.name, HOST_POLICIES)
         if policy and pol.exists():
             rows = read_rows(pol, HOST_POLICY_COLUMNS)
             bad = sorted({str(r["op"]) for r in rows} - set(HOST_POLICY_OPS))

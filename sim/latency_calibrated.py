@@ -53,7 +53,7 @@ class CalibratedLatencyModel(CalibratedParts):
         if engine_cfg.latency_pricing == "pipeline":
             step_us, step_source = ((engine_cfg.step_overhead_us, "config") if engine_cfg.step_overhead_us is not None
                                     else (overhead, "calibrated" if overhead is not None else "analytic"))
-            host = HostCosts.load(mdir / "host.csv", step_us, derived_scale(hw, "overhead"), step_source,
+            host = HostCosts.load(model_file(root, model.name, "host.csv"), step_us, derived_scale(hw, "overhead"), step_source,
                                   extrapolate=extrapolate, policy=policy.name)
         decode_conv = load_decode_conv(mdir, policy.name, extrapolate=extrapolate)
         return cls(model, hw, policy, engine_cfg, tables, kernels, overhead, fallback, piecewise, host, decode_conv)
