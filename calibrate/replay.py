@@ -764,7 +764,7 @@ def run_steps(ex: object, run: Run) -> list[tuple[object, bool]]:
 def take_turns(counts: dict[str, int], per_turn: int) -> list[tuple[str, int, int]]:
     """(run, first, stop) slices of each run's steps, the runs taking turns of `per_turn` steps:
     the host's speed drifts over a replay (calibrate/REPLAY.md), and runs replayed one after the
-    other would each get a different part of that drift (session 12: store_all's, replayed last)."""
+    other would each get a different part of that drift (the 2,080-step replay of 2026-12-01: store_all's, replayed last)."""
     out, start = [], dict.fromkeys(counts, 0)
     while any(start[n] < c for n, c in counts.items()):
         for name, c in counts.items():

@@ -1,6 +1,6 @@
 """`specsim bench`: wall time and simulated steps per second of whole points (`make bench-sim`).
 
-Targets (issue 3): a 1,000-request point at concurrency 128 in <= 2 s and at
+Speed targets: a 1,000-request point at concurrency 128 in <= 2 s and at
 concurrency 1 in <= 10 s of wall time on one core. `--profile` prints the hottest
 functions (cProfile) of each point. CPU time is printed beside wall time because a
 busy machine inflates the latter. Last, the calibrated latency model's price of one
