@@ -851,7 +851,7 @@ def freeze_heap() -> None:
     """One full collection, then gc.freeze(): the traced steps of every run, the weights' and
     graphs' Python objects (~400k objects for 18 runs) move to the permanent generation. Without
     it each step's gc.collect() walked them all (0.2-0.3 s a call, two calls a step: most of the
-    ~0.7 s of host time per 3-5 ms step of round 2). vLLM freezes its heap the same way."""
+    ~0.7 s of host time per 3-5 ms step in an early replay). vLLM freezes its heap the same way."""
     gc.collect()
     gc.freeze()
 

@@ -70,18 +70,18 @@ def test_merge_variants_converts_one_tuning_and_keeps_protected_runs(tmp_path):
     vfile = tmp_path / "v" / "kernels_variants.csv"
     write(vfile, [vrow("pp", "reconstruct", 128, 4, "1,1,1", 231.9), vrow("default", "reconstruct", 128, 4, "1,1,1", 714.5),
                   vrow("pp", "reconstruct_deferred", 64, 16, "chain", 310.7)], VCOLS,
-          {"parts": [{"run": "round1", "device_time_s": 374}],
+          {"parts": [{"run": "variants1", "device_time_s": 374}],
            "source_provenance": {"gpu": "G", "nvidia_smi": "G, 580.1, 1 MiB", "git_commit": "a0853f5", "command": "cv",
                                  "dot_precision": "tf32x3"}})
-    args = ["--out", str(tmp_path), "--merge-variants", str(vfile), "--variant", "pp", "--merge-run", "round1-pp"]
+    args = ["--out", str(tmp_path), "--merge-variants", str(vfile), "--variant", "pp", "--merge-run", "variants1-pp"]
     assert bench.main(args + ["--merge-keep-run", "run1"]) == 2  # would replace a run1 row: refused, nothing written
     assert len(list(csv.DictReader((tmp_path / "kernels.csv").open()))) == 3
     assert bench.main(args + ["--merge-keep-run", "run3"]) == 0
     rows = list(csv.DictReader((tmp_path / "kernels.csv").open()))
     got = {(r["policy"], r["B"], r["T"], r["mode"]): r for r in rows}
     assert {k: r["run"] for k, r in got.items()} == {
-        ("reconstruct", "128", "4", "graph"): "round1-pp", ("reconstruct", "1", "4", "graph"): "run3",
-        ("reconstruct", "128", "4", "eager"): "run1", ("reconstruct_deferred", "64", "16", "graph"): "round1-pp"}
+        ("reconstruct", "128", "4", "graph"): "variants1-pp", ("reconstruct", "1", "4", "graph"): "run3",
+        ("reconstruct", "128", "4", "eager"): "run1", ("reconstruct_deferred", "64", "16", "graph"): "variants1-pp"}
     pp = got[("reconstruct", "128", "4", "graph")]
     assert (pp["verify_us"], pp["depth"], pp["flush"], pp["replayed_tokens"], pp["pct_of_copy_bw"]) == \
         ("231.9", "3", "1", "0", "40.0")
@@ -91,7 +91,7 @@ def test_merge_variants_converts_one_tuning_and_keeps_protected_runs(tmp_path):
     prov = json.loads((tmp_path / "kernels_provenance.json").read_text())
     part = prov["parts"][-1]
     assert (part["run"], part["rows"], part["git_commit"], part["tuning"], part["variant"], part["source_file"]) == \
-        ("round1-pp", 2, "a0853f5", "t-pp", "pp", str(vfile))
+        ("variants1-pp", 2, "a0853f5", "t-pp", "pp", str(vfile))
     assert "--merge-variants" in part["conversion_command"]
     assert prov["merge"]["history"][-1]["replaced"] == 1 and prov["merge"]["history"][-1]["added"] == 1
 

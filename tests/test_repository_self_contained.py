@@ -34,3 +34,15 @@ def test_docs_links_resolve_inside_the_repository():
             if not path.exists() or REPO not in path.parents and path != REPO:
                 broken.append(f"{md.relative_to(REPO)} -> {target}")
     assert not broken, broken
+
+
+# How the project was built is not the reader's business: no sessions, rounds or numbered issues of
+# ours (an issue of another project, such as vLLM's, is a source and is named with its project).
+BUILD_HISTORY = re.compile(r"(?i)\bsessions?\b|(?<!vllm )(?<!vllm's )\bissue[ -]?#?\d+|\bround[ -]?\d+\b")
+
+
+def test_no_file_tells_how_the_project_was_built():
+    me = Path(__file__).resolve()
+    hits = [f"{p.relative_to(REPO)}:{i}: {line.strip()[:80]}" for p in tracked_text_files() if p.resolve() != me
+            for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if BUILD_HISTORY.search(line)]
+    assert not hits, hits

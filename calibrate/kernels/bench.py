@@ -1,4 +1,4 @@
-"""GPU check and benchmark of the fused MoE and paged attention against their speed targets (MOE_TARGETS_US, DECODE_TARGET).
+"""GPU check and benchmark of the fused MoE and paged attention against their speed targets.
 
     python3 -m calibrate.kernels.bench --out DIR [--time-budget-s 150]
 

@@ -4,7 +4,7 @@
         [--policies reconstruct --reference-store-all --stem kernels_reconstruct]
     python3 -m policies.kernels.bench --out results/calibration/h200 --merge RUN/kernels.csv --merge-run run3
     python3 -m policies.kernels.bench --out results/calibration/h200 --merge-variants FILE --variant pp \
-        --merge-run round1-pp --merge-keep-run run3
+        --merge-run variants1-pp --merge-keep-run run3
 
 Writes kernels.csv (one row per model, policy, B, tree, mode) and
 kernels_provenance.json (GPU, versions, command, copy bandwidth, reconstruct's kernels
