@@ -16,8 +16,10 @@ from core.config import CONFIG_DIR, REPO_ROOT, load_hardware
 
 # Modules that only run or post-process a sweep: editing them cannot change a point.
 NOT_SIMULATOR = {"sim/sweep.py", "sim/grid.py", "sim/figures.py", "sim/report.py", "sim/readme.py", "sim/cli.py",
-                 "sim/code_version.py", "sim/plan.py", "sim/plan_run.py", "sim/plan_search.py", "sim/plan_slo.py",
-                 "sim/plan_output.py", "sim/plan_figure.py"}
+                 "sim/code_version.py",
+                 # specsim plan: its probes are RunConfigs that sim.run simulates
+                 "sim/plan.py", "sim/plan_candidates.py", "sim/plan_dense.py", "sim/plan_figure.py",
+                 "sim/plan_output.py", "sim/plan_run.py", "sim/plan_search.py", "sim/plan_slo.py"}
 SOURCE_PACKAGES = ("sim", "core", "policies", "workloads")
 NOT_SIMULATOR_DIRS = ("policies/kernels",)  # the Triton kernels: the simulator reads their timings, never runs them
 

@@ -14,6 +14,7 @@ Writes plan.csv, plan.json, plan.png / plan.pdf and report.md to `--out`.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,9 @@ from typing import Any
 from core.config import REPO_ROOT, ConfigError, RunConfig, load_hardware, policy_names
 from policies import DraftTree
 from sim.grid import check_field
-from sim.plan_run import (Candidate, CandidateResult, PlanSettings, Prepared, best, candidates, dense_capacity, dense_rates,
-                          dense_sweep, none_met_message, run_plan)
+from sim.plan_candidates import Candidate, candidates
+from sim.plan_dense import dense_check
+from sim.plan_run import PlanSettings, Prepared, best, none_met_message, run_plan
 from sim.plan_search import check_tolerance
 from sim.plan_slo import parse_slos
 from sim.code_version import code_version
@@ -143,8 +145,11 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else REPO_ROOT / "results" / "plans" / Path(args.workload).stem
     if args.jobs is not None and args.jobs < 1:
         raise ConfigError(f"--jobs must be >= 1 (worker processes), got {args.jobs}")
+    slots = args.jobs or os.cpu_count() or 1
     if args.dask_scheduler:  # fail on a bad address before any work
-        connect_dask(args.dask_scheduler).close()
+        client = connect_dask(args.dask_scheduler)
+        slots = sum(client.nthreads().values()) or 1
+        client.close()
     prepare = Prepared()
     # Each round forks a fresh pool: import the simulator here once, so workers start with it.
     import sim.run  # noqa: F401
@@ -158,29 +163,15 @@ def main(args: argparse.Namespace) -> int:
         log(f"plan:   {result.ran} run, {result.cached} cached, in {result.wall_s:.1f} s")
         return result.records
 
-    results = run_plan(cands, settings, evaluate, log)
+    results = run_plan(cands, settings, evaluate, log, slots)
     searched = [r for r in results if r.status in ("found", "above_max", "none_met")]
     if searched and all(r.status == "none_met" for r in searched):
         raise ConfigError(f"no candidate meets the SLOs at any rate: {none_met_message(searched[0])}")
     dense = None
     if args.dense_check:
-        dense = _dense_check(results, settings, evaluate, log)
+        dense = dense_check(results, settings, evaluate, log)
     write_outputs(out, results, settings, args, dense, code_version(args.hardware), git_describe())
     top = best(results)
     print(f"best: {top.candidate.label}: {top.capacity / top.gpus:.4g} req/s per GPU\n"
           f"wrote {out / 'plan.csv'}, plan.json, plan.png, plan.pdf, report.md", file=sys.stderr)
     return 0
-
-
-def _dense_check(results: list[CandidateResult], settings: PlanSettings, evaluate: Any, log: Any) -> dict[str, Any]:
-    top = best(results)
-    if top.status != "found":
-        raise ConfigError(f"--dense-check needs a configuration with a capacity inside [--min-rate, --max-rate]; "
-                          f"the best, {top.candidate.label}, is {top.status}")
-    rates = dense_rates(top.capacity, settings.tolerance)
-    log(f"plan: dense check of {top.candidate.label}: {len(rates)} rates from {rates[0]:g} to {rates[-1]:g} req/s")
-    verdicts = dense_sweep(top.candidate, rates, settings, evaluate)
-    capacity = dense_capacity(verdicts)
-    return {"candidate": top.candidate.label, "plan_capacity": top.capacity, "dense_capacity": capacity,
-            "rates": rates, "verdicts": verdicts,
-            "agrees": abs(capacity - top.capacity) <= settings.tolerance * max(capacity, top.capacity)}

@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from core.files import atomic_write_text
+from sim.plan_dense import DenseCheck
 from sim.plan_run import START_FRACTION, CandidateResult, PlanSettings, best, policy_best
 from sim.plan_search import Verdict
 from sim.plan_slo import format_seconds
@@ -79,7 +80,7 @@ def plan_command(args: argparse.Namespace, out: Path) -> str:
 
 
 def write_outputs(out: Path, results: list[CandidateResult], settings: PlanSettings, args: argparse.Namespace,
-                  dense: dict[str, Any] | None, version: str, git: str) -> None:
+                  dense: DenseCheck | None, version: str, git: str) -> None:
     from sim.plan_figure import draw
 
     out.mkdir(parents=True, exist_ok=True)
@@ -102,8 +103,9 @@ def write_outputs(out: Path, results: list[CandidateResult], settings: PlanSetti
                        for rw, r in zip(rows, results)],
     }
     if dense:
-        doc["dense_check"] = {**{k: v for k, v in dense.items() if k != "verdicts"},
-                              "probes": [_verdict(v, settings) for v in dense["verdicts"]]}
+        doc["dense_check"] = {"candidate": dense.candidate, "plan_capacity_rps": dense.plan_capacity,
+                              "dense_capacity_rps": dense.dense_capacity, "agrees": dense.agrees,
+                              "probes": [_verdict(v, settings) for v in dense.verdicts]}
     atomic_write_text(out / "plan.json", json.dumps(doc, indent=1) + "\n")
     draw(results, settings, out, f"{args.model} on {args.hardware}, {settings.workload}")
     atomic_write_text(out / "report.md", report(results, rows, settings, args, dense, doc["command"]))
@@ -129,7 +131,7 @@ def _gpus_sentence(r: CandidateResult, rate: float | None) -> str:
 
 
 def report(results: list[CandidateResult], rows: list[dict[str, Any]], settings: PlanSettings,
-           args: argparse.Namespace, dense: dict[str, Any] | None, command: str) -> str:
+           args: argparse.Namespace, dense: DenseCheck | None, command: str) -> str:
     s, rate = settings, args.rate
     top = best(results)
     lines = [f"# Capacity plan: {args.model} on {args.hardware}, {s.workload}", "",
@@ -166,10 +168,10 @@ def report(results: list[CandidateResult], rows: list[dict[str, Any]], settings:
                  "(run_span_over_e2e)." if spans else ""), ""]
     if dense:
         lines += ["## Dense check", "",
-                  f"{dense['candidate']} probed at {len(dense['rates'])} rates from {dense['rates'][0]:g} to "
-                  f"{dense['rates'][-1]:g} req/s (steps of 1 + {s.tolerance:g}): the highest rate below which every "
-                  f"grid rate passes is {dense['dense_capacity']:.4g} req/s, the search's {dense['plan_capacity']:.4g} "
-                  f"req/s: {'within' if dense['agrees'] else 'NOT within'} the tolerance {s.tolerance:g}.", ""]
+                  f"{dense.candidate} probed at {len(dense.rates)} rates from {dense.rates[0]:g} to "
+                  f"{dense.rates[-1]:g} req/s (steps of 1 + {s.tolerance:g}): the highest rate below which every "
+                  f"grid rate passes is {dense.dense_capacity:.4g} req/s, the search's {dense.plan_capacity:.4g} "
+                  f"req/s: {'within' if dense.agrees else 'NOT within'} the tolerance {s.tolerance:g}.", ""]
     lines += ["![capacity](plan.png)", "", "## Command", "", "```", command, "```", ""]
     return "\n".join(lines)
 

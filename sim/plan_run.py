@@ -15,67 +15,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.config import ConfigError, RunConfig, load_model, load_policy, validate
+from core.config import ConfigError, RunConfig, load_model, validate
 from sim.grid import set_field
+from sim.plan_candidates import Candidate
 from sim.plan_search import CapacitySearch, Probe, Verdict, round_rate
 from sim.plan_slo import Slo
 from sim.sweep import warm_workloads, workload_signature
 
 Evaluate = Callable[[list[RunConfig]], list[dict[str, Any]]]  # configs -> sweep records, in order
-NO_SPECULATION = "none"  # the state-commit name of the policy that does not speculate
 # Without --start-rate a search starts at this share of the configuration's saturated throughput
 # (one run with max_num_seqs requests always in flight): a rate just below where queues grow,
 # so the search skips the slow low-rate probes; RATE_SPAN bounds the rates either side of it.
 START_FRACTION = 0.5
 RATE_SPAN = 1024.0
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One configuration whose capacity the plan finds."""
-    policy: str
-    tree: tuple[int, ...] | None  # None: no speculation
-    gmu: float
-    max_num_seqs: int
-    max_num_batched_tokens: int
-
-    def assignment(self) -> dict[str, Any]:
-        a: dict[str, Any] = {"policy": self.policy, "engine.gmu": self.gmu, "engine.max_num_seqs": self.max_num_seqs,
-                             "engine.max_num_batched_tokens": self.max_num_batched_tokens}
-        if self.tree is not None:
-            a["policy_overrides.draft_tree_widths"] = list(self.tree)
-        return a
-
-    @property
-    def tree_label(self) -> str:
-        return "no speculation" if self.tree is None else ",".join(map(str, self.tree))
-
-    @property
-    def label(self) -> str:
-        tree = f"tree {self.tree_label}, " if self.tree else ""
-        return (f"{self.policy} ({tree}gmu {self.gmu:g}, max_num_seqs {self.max_num_seqs}, "
-                f"max_num_batched_tokens {self.max_num_batched_tokens})")
-
-
-def speculates(policy: str) -> bool:
-    return load_policy(policy).mamba_state_commit != NO_SPECULATION
-
-
-def candidates(policies: list[str], trees: list[tuple[int, ...]], gmus: list[float],
-               max_num_seqs: list[int], max_num_batched_tokens: list[int]) -> list[Candidate]:
-    """The cross product, in the order given; a policy that does not speculate takes no tree,
-    and without `trees` each speculative policy keeps its own (its YAML's draft_tree_widths)."""
-    out: list[Candidate] = []
-    for policy in dict.fromkeys(policies):
-        shapes: list[tuple[int, ...] | None] = [None]
-        if speculates(policy):
-            shapes = list(dict.fromkeys(trees)) or [tuple(load_policy(policy).draft_tree_widths)]
-        for tree in shapes:
-            for gmu in dict.fromkeys(gmus):
-                for seqs in dict.fromkeys(max_num_seqs):
-                    for tokens in dict.fromkeys(max_num_batched_tokens):
-                        out.append(Candidate(policy, tree, gmu, seqs, tokens))
-    return out
 
 
 # ------------------------------------------------------------------------- settings
@@ -231,8 +183,13 @@ class Prepared:
 
 
 def run_plan(cands: list[Candidate], settings: PlanSettings, evaluate: Evaluate,
-             log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> list[CandidateResult]:
-    """Search every candidate's capacity; returns one result per candidate, in order."""
+             log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+             slots: int = 1) -> list[CandidateResult]:
+    """Search every candidate's capacity; returns one result per candidate, in order.
+
+    `slots`: runs the executor does at once. While the searching candidates leave slots
+    idle, a probe runs its 2N requests beside its N (the results do not depend on it).
+    """
     s = settings
     trace = TraceRates(s) if s.arrivals == "trace" else None
     results = [CandidateResult(c, s.slos) for c in cands]
@@ -251,6 +208,7 @@ def run_plan(cands: list[Candidate], settings: PlanSettings, evaluate: Evaluate,
     rounds = 0
     while True:
         batch: list[tuple[CandidateResult, Probe, int]] = []
+        ahead = 2 * sum(r.status == "searching" for r in results) <= slots
         for r in results:
             if r.status != "searching":
                 continue
@@ -261,7 +219,7 @@ def run_plan(cands: list[Candidate], settings: PlanSettings, evaluate: Evaluate,
                 log(f"plan: {r.candidate.label}: {describe(r)}")
                 continue
             probe = r.probes.setdefault(rate, Probe(rate, s.slos, s.num_requests, s.max_requests, s.stability))
-            batch += [(r, probe, n) for n in probe.pending()]
+            batch += [(r, probe, n) for n in probe.pending(ahead)]
         if not batch:
             return results
         rounds += 1
@@ -276,8 +234,11 @@ def run_plan(cands: list[Candidate], settings: PlanSettings, evaluate: Evaluate,
                 log(f"plan: {r.candidate.label}: {r.status}: {r.error}")
                 continue
             probe.add(n, rec["summary"])
-            if probe.verdict and r.search and probe.rate not in r.search.tried:
-                r.search.record(probe.rate, probe.verdict.met)
+        for r in results:  # after the whole batch: a probe's runs may come in any order
+            if r.status == "searching" and r.search and (rate := r.search.next_rate()) is not None:
+                probe = r.probes[rate]
+                if probe.verdict:
+                    r.search.record(rate, probe.verdict.met)
 
 
 def saturation_starts(results: list[CandidateResult], settings: PlanSettings, evaluate: Evaluate,
@@ -321,34 +282,3 @@ def none_met_message(r: CandidateResult) -> str:
             parts.append(f"{slo} is not met at the lowest rate tried, {v.rate:g} req/s: {slo.name} = {shown}"
                          + (f" ({v.note})" if v.note and slo.name in v.note else ""))
     return "; ".join(parts)
-
-
-def dense_rates(capacity: float, tolerance: float, span: float = 2.0) -> list[float]:
-    """A rate grid from capacity / span to capacity x span in steps of (1 + tolerance)."""
-    lo, n = capacity / span, math.ceil(math.log(span * span) / math.log1p(tolerance))
-    return sorted({round_rate(lo * (1 + tolerance) ** i) for i in range(n + 1)})
-
-
-def dense_capacity(verdicts: list[Verdict]) -> float:
-    """The highest grid rate below which every rate of the grid met every SLO (0 if the first fails)."""
-    best = 0.0
-    for v in sorted(verdicts, key=lambda v: v.rate):
-        if not v.met:
-            break
-        best = v.rate
-    return best
-
-
-def dense_sweep(cand: Candidate, rates: list[float], settings: PlanSettings, evaluate: Evaluate) -> list[Verdict]:
-    """Probe every rate of a grid (the same steady-state probe as the search's)."""
-    s = settings
-    trace = TraceRates(s) if s.arrivals == "trace" else None
-    probes = [Probe(rate, s.slos, s.num_requests, s.max_requests, s.stability) for rate in rates]
-    while batch := [(p, n) for p in probes for n in p.pending()]:
-        records = evaluate([probe_config(s, cand, p.rate, n, trace) for p, n in batch])
-        for (p, n), rec in zip(batch, records):
-            if rec["status"] != "ok":
-                raise ConfigError(f"dense check of {cand.label}: the run at {p.rate:g} req/s is {rec['status']}: "
-                                  f"{rec.get('error')}")
-            p.add(n, rec["summary"])
-    return [p.verdict for p in probes if p.verdict]

@@ -60,29 +60,32 @@ class Verdict:
 class Probe:
     """One rate of one configuration: runs at doubling lengths until its SLO metrics are stable.
 
-    The N-request run comes first, alone: if it already breaks an SLO by more than the
-    stability margin the probe fails there (with an empty engine at its start, a longer run
-    only queues more), which spares the longer run for the half of the probes that fail.
+    The N-request run decides first: if it already breaks an SLO by more than the stability
+    margin the probe fails there (with an empty engine at its start, a longer run only
+    queues more), which spares the longer run for the probes that fail. When cores are idle
+    the caller may run 2N beside N (`pending(ahead=True)`); the verdict is the same.
     """
 
     def __init__(self, rate: float, slos: list[Slo], num_requests: int, max_requests: int, stability: float) -> None:
         self.rate, self.slos, self.max_requests, self.stability = rate, slos, max_requests, stability
         self.runs: dict[int, dict[str, Any]] = {}
-        self._wanted = [num_requests]
+        self._wanted = [num_requests]  # the lengths the next decision needs
         self.verdict: Verdict | None = None
 
-    def pending(self) -> list[int]:
-        """Lengths still to run (empty once decided)."""
-        return [] if self.verdict else [n for n in self._wanted if n not in self.runs]
+    def pending(self, ahead: bool = False) -> list[int]:
+        """Lengths still to run (empty once decided); `ahead`: with the first, the second too."""
+        if self.verdict:
+            return []
+        wanted = self._wanted + ([2 * self._wanted[0]] if ahead and len(self._wanted) == 1 else [])
+        return [n for n in wanted if n not in self.runs]
 
     def add(self, num_requests: int, summary: dict[str, Any]) -> None:
         self.runs[num_requests] = summary
-        if self.pending():
-            return
-        if len(self._wanted) == 1:
-            self._first(num_requests, summary)
-        else:
-            self._decide()
+        while not self.verdict and all(n in self.runs for n in self._wanted):  # a run fetched ahead may decide more
+            if len(self._wanted) == 1:
+                self._first(self._wanted[0], self.runs[self._wanted[0]])
+            else:
+                self._decide()
 
     def _first(self, n: int, summary: dict[str, Any]) -> None:
         broken = tuple(s.name for s in self.slos

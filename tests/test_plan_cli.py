@@ -8,7 +8,9 @@ import pytest
 from core.config import ConfigError, RunConfig
 from sim.cli import main as cli
 from sim.metrics import measured
-from sim.plan_run import PlanSettings, candidates, dense_capacity, dense_rates, dense_sweep, run_plan
+from sim.plan_candidates import candidates
+from sim.plan_dense import dense_capacity, dense_rates, dense_sweep
+from sim.plan_run import PlanSettings, run_plan
 from sim.plan_slo import parse_slo, parse_slos
 from sim.request import Request
 from sim.sweep import run_sweep

@@ -6,7 +6,9 @@ from pathlib import Path
 import pytest
 
 from core.config import ConfigError, RunConfig
-from sim.plan_run import Candidate, PlanSettings, best, candidates, dense_capacity, dense_rates, run_plan
+from sim.plan_candidates import Candidate, candidates
+from sim.plan_dense import dense_capacity, dense_rates
+from sim.plan_run import PlanSettings, best, run_plan
 from sim.plan_search import CapacitySearch, Probe, check_tolerance
 from sim.plan_slo import parse_slos
 from sim.sweep import run_sweep
@@ -88,6 +90,14 @@ def test_without_a_start_rate_the_search_starts_at_half_the_saturated_throughput
         assert r.status == "found" and r.capacity <= capacity_of(cfg) < r.failing_rate
 
 
+def test_results_do_not_depend_on_running_the_longer_runs_ahead(tmp_path):
+    s = settings()
+    one = run_plan(cands(), s, Counter(tmp_path / "a"), log=lambda line: None, slots=1)
+    many = run_plan(cands(), s, Counter(tmp_path / "b"), log=lambda line: None, slots=64)
+    assert [(r.capacity, r.search.tried) for r in one] == [(r.capacity, r.search.tried) for r in many]
+    assert any(len(p.runs) == 2 and p.verdict.lengths == 1 for r in many for p in r.probes.values())  # ran ahead
+
+
 def test_a_rerun_runs_nothing_and_a_new_candidate_only_its_own_probes(tmp_path):
     s = settings()
     first = Counter(tmp_path)
@@ -153,6 +163,15 @@ def test_a_metric_still_growing_at_max_requests_fails_under_its_bound():
     assert sorted(probe.runs) == [100, 200, 400]
     v = probe.verdict
     assert not v.met and not v.steady and v.violated == ("ttft_p99",) and "still growing" in v.note
+
+
+def test_a_probe_run_ahead_decides_as_one_run_in_turn():
+    for metric in (lambda n: 0.5 + 50 / n, lambda n: 1.2, lambda n: 0.2 + n / 800):
+        turn, ahead = run_probe(metric), Probe(10.0, SLOS, 100, 800, stability=0.1)
+        while pending := ahead.pending(ahead=True):
+            for n in reversed(pending):  # the longer run's result first
+                ahead.add(n, {"ttft_p99_s": metric(n), "tpot_mean_s": 0.02})
+        assert ahead.verdict == turn.verdict
 
 
 def test_a_missing_metric_breaks_the_slo():
