@@ -26,7 +26,7 @@ GPU       ?= h200
 
 help:
 	@echo "make sweep WORKLOAD=sharegpt   main job: grid sweep + figures on the committed calibration"
-	@echo "make test                      fast CPU tests (kernels through TRITON_INTERPRET=1)"
+	@echo "make test                      the CPU test suite, what CI runs (kernels through TRITON_INTERPRET=1)"
 	@echo "make test-slow / test-gpu      long tests / tests that need a CUDA GPU"
 	@echo "make bench-sim                 simulator speed; make bench-kernels GPU_PY=python3 on a GPU"
 	@echo "make calibrate GPU_PY=python3  measure layers on a GPU into results/calibration/$(GPU) (MODEL=<name>: one model)"
