@@ -15,8 +15,8 @@ from core.calibration_files import read_files
 from core.config import CONFIG_DIR, REPO_ROOT, load_hardware
 
 # Modules that only run or post-process a sweep: editing them cannot change a point.
-NOT_SIMULATOR = {"sim/sweep.py", "sim/grid.py", "sim/figures.py", "sim/report.py", "sim/readme.py", "sim/cli.py",
-                 "sim/code_version.py",
+NOT_SIMULATOR = {"sim/sweep.py", "sim/sweep_executors.py", "sim/grid.py", "sim/figures.py", "sim/figure_style.py",
+                 "sim/figure_load.py", "sim/report.py", "sim/readme.py", "sim/cli.py", "sim/code_version.py",
                  # specsim plan: its probes are RunConfigs that sim.run simulates
                  "sim/plan.py", "sim/plan_candidates.py", "sim/plan_dense.py", "sim/plan_figure.py",
                  "sim/plan_output.py", "sim/plan_run.py", "sim/plan_search.py", "sim/plan_slo.py"}

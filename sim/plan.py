@@ -28,7 +28,8 @@ from sim.plan_run import PlanSettings, Prepared, best, none_met_message, run_pla
 from sim.plan_search import check_tolerance
 from sim.plan_slo import parse_slos
 from sim.code_version import code_version
-from sim.sweep import connect_dask, git_describe, parse_sets, run_sweep
+from sim.sweep import git_describe, parse_sets, run_sweep
+from sim.sweep_executors import connect_dask
 
 # Fields the planner sets per candidate or probe: `--set` may not fix them.
 OWNED = {"policy": "--policy", "policy_overrides.draft_tree_widths": "--tree", "engine.gmu": "--gmu",

@@ -10,7 +10,7 @@ matplotlib.use("Agg")  # files only
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
 
-from sim.figures import _color, _marker, _save  # noqa: E402
+from sim import figure_style as style  # noqa: E402
 from sim.plan_run import CandidateResult, PlanSettings, policy_best  # noqa: E402
 from sim.plan_slo import format_seconds  # noqa: E402
 
@@ -24,7 +24,7 @@ def draw(results: list[CandidateResult], settings: PlanSettings, out: Path, titl
             points = [(v.rate, slo.value(v.summary), v.met) for v in r.verdicts if slo.value(v.summary) is not None]
             if not points:
                 continue
-            color, marker = _color(r.candidate.policy), _marker(r.candidate.policy)
+            color, marker = style.color(r.candidate.policy), style.marker(r.candidate.policy)
             rates, values, met = zip(*points)
             ax.plot(rates, values, color=color, linewidth=1.2, zorder=2)
             ax.scatter(rates, values, color=[color if m else "white" for m in met], edgecolor=color,
@@ -40,7 +40,7 @@ def draw(results: list[CandidateResult], settings: PlanSettings, out: Path, titl
         ax.set_xlabel("request rate per replica (req/s)")
         ax.set_ylabel(slo.name)
         ax.grid(True, which="major", alpha=0.3)
-    handles = [plt.Line2D([], [], color=_color(r.candidate.policy), marker=_marker(r.candidate.policy),
+    handles = [plt.Line2D([], [], color=style.color(r.candidate.policy), marker=style.marker(r.candidate.policy),
                           label=f"{r.candidate.label}: {r.capacity:.3g} req/s") for r in shown]
     handles += [plt.Line2D([], [], color="grey", linestyle=":", label="capacity (dotted)"),
                 plt.Line2D([], [], color="grey", marker="o", markerfacecolor="white", linestyle="",
@@ -48,4 +48,4 @@ def draw(results: list[CandidateResult], settings: PlanSettings, out: Path, titl
     fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=1, fontsize=8, frameon=False)
     fig.suptitle(f"Capacity under SLOs: {title}", fontsize=11)
     fig.tight_layout()
-    _save(fig, out, "plan")
+    style.save_figure(fig, out, "plan")

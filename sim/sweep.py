@@ -19,10 +19,8 @@ import shlex
 import subprocess
 import sys
 import time
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import ExitStack, closing
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import astuple, dataclass
 from pathlib import Path
@@ -33,11 +31,10 @@ from tqdm import tqdm
 from core.config import CONFIG_DIR, REPO_ROOT, ConfigError, RunConfig, parse_set
 from core.files import FolderLock, atomic_write_text
 from sim.code_version import code_version
+from sim.sweep_executors import Point, Simulate, connect_dask, run_dask, run_local
 from sim.grid import Grid, load_grid
 
-Simulate = Callable[[RunConfig], dict[str, Any]]
 STATUSES = ("ok", "failed", "infeasible")
-DASK_CONNECT_TIMEOUT_S = 5
 FAILED_SHOWN = 10  # failed points named on the terminal; points.csv has them all
 PROGRESS_LINES = 4  # without a terminal, progress is this many plain lines (25%, 50%, ...)
 
@@ -92,82 +89,6 @@ def default_simulate(cfg: RunConfig) -> dict[str, Any]:
     from sim.run import simulate
 
     return simulate(cfg)
-
-
-def run_point(simulate: Simulate, cfg: RunConfig) -> dict[str, Any]:
-    """Runs in a worker: the point's record. Errors become records, interrupts do not."""
-    start = time.perf_counter()
-    trace = None
-    try:
-        summary = simulate(cfg)
-        status, error = "ok", None
-    except ConfigError as e:  # e.g. the weights do not fit the memory budget
-        summary, status, error = None, "infeasible", str(e)
-    except Exception as e:
-        summary, status, error = None, "failed", f"{type(e).__name__}: {e}"
-        trace = "".join(traceback.format_exception(e)[-6:])
-    return {
-        "status": status,
-        "summary": summary,
-        "error": error,
-        "traceback": trace,
-        "elapsed_s": round(time.perf_counter() - start, 3),
-    }
-
-
-# ------------------------------------------------------------------------ executors
-@dataclass(frozen=True)
-class Point:
-    key: str
-    version: str  # code version
-    data: str  # fingerprint of the workload's requests
-    cfg: RunConfig
-
-
-def _local(points: list[Point], simulate: Simulate, jobs: int) -> Iterator[tuple[Point, dict[str, Any]]]:
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(points)))
-    futures: dict[Future, Point] = {pool.submit(run_point, simulate, p.cfg): p for p in points}
-    try:
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                yield futures[fut], fut.result()
-    except BaseException:
-        # Ctrl-C or an error: drop queued points and stop running ones now (their results
-        # were never written, so a rerun redoes them). Python 3.11 has no public way to
-        # terminate pool workers (3.14 adds terminate_workers).
-        workers = list((pool._processes or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for proc in workers:
-            proc.terminate()
-        raise
-    pool.shutdown(wait=True)
-
-
-def connect_dask(address: str) -> Any:
-    try:
-        from distributed import Client
-    except ImportError:
-        raise ConfigError("--dask-scheduler needs dask.distributed: pip install -e '.[cluster]'") from None
-    try:
-        return Client(address, timeout=f"{DASK_CONNECT_TIMEOUT_S}s")
-    except Exception as e:  # refused, unresolvable, malformed: all mean "no scheduler there"
-        raise ConfigError(
-            f"--dask-scheduler {address!r}: cannot reach a Dask scheduler there ({type(e).__name__}: {e}; "
-            f"timeout {DASK_CONNECT_TIMEOUT_S} s); start one with `dask scheduler` and pass its tcp://HOST:PORT"
-        ) from None
-
-
-def _dask(points: list[Point], simulate: Simulate, client: Any) -> Iterator[tuple[Point, dict[str, Any]]]:
-    from distributed import as_completed
-
-    futures = {client.submit(run_point, simulate, p.cfg, key=f"specsim-point-{p.key}", pure=False): p for p in points}
-    try:
-        for fut in as_completed(futures):
-            yield futures[fut], fut.result()
-    finally:
-        client.cancel(list(futures))
 
 
 # ---------------------------------------------------------------------------- sweep
@@ -287,7 +208,7 @@ def run_sweep(
                   + (", ..." if len(unreadable) > 5 else ""), file=sys.stderr)
         todo = [p for p in points if p.key not in stored]
         if todo:
-            results = _dask(todo, simulate, client) if client else _local(todo, simulate, jobs or os.cpu_count() or 1)
+            results = run_dask(todo, simulate, client) if client else run_local(todo, simulate, jobs or os.cpu_count() or 1)
             stack.enter_context(closing(results))
             bar = stack.enter_context(_progress(len(todo), len(stored), progress))
             counts = dict.fromkeys(STATUSES[1:], 0)

@@ -31,7 +31,7 @@ def _plain_log(axis) -> None:
 
 
 def draw(rows: list[dict[str, Any]], fig_dir: Path) -> None:
-    from sim.figures import _save  # fixed metadata, written atomically
+    from sim.figure_style import save_figure  # fixed metadata, written atomically
     fig_dir.mkdir(parents=True, exist_ok=True)
     cases = list(dict.fromkeys(r["case"] for r in rows))
     colors = {c: f"C{i % 10}" for i, c in enumerate(cases)}
@@ -66,4 +66,4 @@ def draw(rows: list[dict[str, Any]], fig_dir: Path) -> None:
     fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)
     fig.suptitle("Simulated against published vLLM runs (GPUStack, Qwen3.5-35B-A3B, one H200); "
                  "each point's simulated / published ratio beside it", fontsize=10)
-    _save(fig, fig_dir, STEM)
+    save_figure(fig, fig_dir, STEM)

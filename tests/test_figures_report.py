@@ -120,12 +120,12 @@ def test_tree_sweep_figures_fit_a_page(tmp_path, monkeypatch):
 
 def test_log_axes_label_plain_numbers():
     import matplotlib.pyplot as plt
-    from sim.figures import _log_ticks
+    from sim.figure_style import log_ticks
 
     fig, ax = plt.subplots()
     ax.plot([1, 2], [0.7, 3.0])
     ax.set_yscale("log")
-    _log_ticks(ax)
+    log_ticks(ax)
     fig.canvas.draw()
     labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
     plt.close(fig)

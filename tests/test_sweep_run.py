@@ -18,6 +18,7 @@ import pytest
 from core.config import ConfigError, RunConfig
 from core.files import atomic_write_text
 import sim.sweep as sweep
+import sim.sweep_executors as sweep_executors
 from sim.report import write_points_csv
 from sim.cli import main as cli
 from sim.grid import load_grid
@@ -189,7 +190,7 @@ def test_jobs_zero_fails_fast(grid_file, tmp_path, capsys):
 def test_bad_dask_address_fails_fast(grid_file, tmp_path):
     pytest.importorskip("distributed")
     # It gives up after the connect timeout it names (no speed assert: a loaded machine is slow)
-    with pytest.raises(ConfigError, match=rf"cannot reach a Dask scheduler.*timeout {sweep.DASK_CONNECT_TIMEOUT_S} s"):
+    with pytest.raises(ConfigError, match=rf"cannot reach a Dask scheduler.*timeout {sweep_executors.DASK_CONNECT_TIMEOUT_S} s"):
         sweep.run_sweep(configs(grid_file), tmp_path / "o", dask_scheduler="tcp://127.0.0.1:9", simulate=fake_simulate, prepare=no_prepare)
     assert not (tmp_path / "o").exists()
 
