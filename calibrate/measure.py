@@ -323,11 +323,13 @@ TABLE_JOBS: dict[str, Callable[[Harness], list[dict]]] = {
 def gdn_prefill_table(h: Harness, chunk_fn: Callable[..., object], deadline_s: float | None = None) -> list[dict]:
     """The GDN recurrence of one prefill chunk of n tokens, as vLLM runs it.
 
-    vLLM's Qwen3.5 layer calls flash-linear-attention's chunked kernel
-    (`chunk_gated_delta_rule`, grouped value heads) from the cached state, writing the
-    final state back; the same call is timed here. fla autotunes
-    per shape, so chunks run in increasing size until `deadline_s` (seconds of this
-    job): the table is then shorter, and longer chunks are extrapolated in proportion.
+    vLLM's Qwen3.5 layer calls its GDN prefill kernel (`chunk_fn`: FlashInfer's on SM90 and
+    up, else fla's `chunk_gated_delta_rule`; calibrate.gdn_prefill_kernel picks) on the conv's
+    q, k, v with the q/k L2 norms asked of the kernel, from the cached state (fla's
+    `state_v_first` layout, FlashInfer's own), writing the final state back; the same call is
+    timed here. fla autotunes and FlashInfer compiles per shape, so chunks run in increasing
+    size until `deadline_s` (seconds of this job): the table is then shorter, and longer
+    chunks are extrapolated in proportion.
     """
     s = h.shapes
     rows = []
@@ -342,8 +344,8 @@ def gdn_prefill_table(h: Harness, chunk_fn: Callable[..., object], deadline_s: f
         state_bytes = s.gdn_v_heads * s.head_v_dim * s.head_k_dim * 4
         sets = []
         for _ in range(copies_for(io_bytes + state_bytes, h.rotate_bytes, h.min_copies)):
-            q = _l2(h.randn(1, n, s.gdn_k_heads, s.head_k_dim))
-            k = _l2(h.randn(1, n, s.gdn_k_heads, s.head_k_dim))
+            q = h.randn(1, n, s.gdn_k_heads, s.head_k_dim)
+            k = h.randn(1, n, s.gdn_k_heads, s.head_k_dim)
             v = h.randn(1, n, s.gdn_v_heads, s.head_v_dim)
             g = torch.nn.functional.logsigmoid(torch.randn(1, n, s.gdn_v_heads, device=h.device))
             beta = torch.rand(1, n, s.gdn_v_heads, device=h.device).to(L.BF16)
@@ -354,7 +356,8 @@ def gdn_prefill_table(h: Harness, chunk_fn: Callable[..., object], deadline_s: f
             q, k, v, g, beta, state = x
 
             def run() -> object:
-                o, final = chunk_fn(q, k, v, g, beta, initial_state=state, output_final_state=True)
+                o, final = chunk_fn(q, k, v, g, beta, initial_state=state, output_final_state=True,
+                                    use_qk_l2norm_in_kernel=True, state_v_first=True)
                 state.copy_(final)
                 return o
             return run
@@ -377,6 +380,3 @@ def gdn_prefill_table(h: Harness, chunk_fn: Callable[..., object], deadline_s: f
 
 GDN_CHUNK = 64  # tokens per chunk of fla's chunked form (for the flop count)
 
-
-def _l2(x: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.normalize(x.float(), dim=-1).to(L.BF16)

@@ -17,11 +17,11 @@ from typing import Callable
 from core.config import HardwareConfig, ModelConfig, load_policy, policy_names
 from core.tables import DECODE_CONV, DECODE_CONV_COLUMNS, STEP_COLUMNS, read_rows, write_rows
 from calibrate import provenance
-from calibrate.fla import load_fla_chunk
+from calibrate.gdn_prefill_kernel import load_gdn_prefill
 from calibrate.grid import FULL, QUICK, Grid, model_jobs
 
 
-GDN_PREFILL_DEADLINE_S = 45.0  # fla autotunes each new shape; bound the job's device time
+GDN_PREFILL_DEADLINE_S = 45.0  # fla autotunes, FlashInfer compiles, each new shape; bound the job's device time
 # The kernels job: the policies' verify and commit kernels at the model's shard shapes, the chain the
 # simulator runs by default and the widest study tree first, batches spread before they fill in.
 KERNEL_TREES = "1,1,1;3,3,3;2,2,2;chain"
@@ -81,6 +81,7 @@ def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: 
                   rotate_bytes=M.ROTATE_BYTES if cuda else 0, min_copies=3 if cuda else 1)
     mdir = out / model.name
     done, errors, skipped = {}, [], []
+    packaged: dict[str, str] = {}  # table -> the packaged kernel that priced it, where there is a choice
     with torch.inference_mode():
         for job in jobs:
             if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
@@ -98,11 +99,13 @@ def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: 
                     write_rows(mdir / "step_check.csv", rows, STEP_COLUMNS)
                     done[job] = len(rows)
                 elif job == "gdn_prefill":
-                    chunk_fn = load_fla_chunk()
+                    kernel, chunk_fn = load_gdn_prefill()
                     if chunk_fn is None:
-                        skipped.append("gdn_prefill: flash-linear-attention (fla) not importable")
-                        log("skip gdn_prefill: flash-linear-attention (fla) not importable")
+                        skipped.append("gdn_prefill: neither FlashInfer nor flash-linear-attention (fla) importable")
+                        log("skip gdn_prefill: neither FlashInfer nor flash-linear-attention (fla) importable")
                         continue
+                    log(f"  gdn_prefill kernel: {kernel}")
+                    packaged["gdn_prefill"] = kernel
                     rows = M.gdn_prefill_table(h, chunk_fn, deadline_s=GDN_PREFILL_DEADLINE_S)
                     write_rows(mdir / "gdn_prefill.csv", rows)
                     done[job] = len(rows)
@@ -140,7 +143,7 @@ def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: 
             on_job_done()
     part = {**env, "git_commit": commit, "command": " ".join(sys.argv), "grid": "quick" if quick else "full",
             "modes": list(modes), "copy_bandwidth_gbs": round(bw, 1), "matmul_tflops": round(tflops, 1),
-            "jobs": done, "skipped": skipped, "errors": errors, "wall_s": round(time.perf_counter() - t0, 1)}
+            "jobs": done, "packaged_kernels": packaged, "skipped": skipped, "errors": errors, "wall_s": round(time.perf_counter() - t0, 1)}
     if probe:
         part["host_probe_us"] = {**probes, "end": probe()}
     part["device_time_s"] = part["wall_s"]  # this command's GPU time; merge replaces it with a lease's figure

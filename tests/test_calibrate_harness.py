@@ -37,12 +37,15 @@ class ShapeCheckingKernel:
         return ctx
 
 
-def fake_chunk(q, k, v, g, beta, initial_state=None, output_final_state=False):
-    """Stands in for fla's chunk_gated_delta_rule (grouped value heads, state [N, Hv, K, V])."""
+def fake_chunk(q, k, v, g, beta, initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
+               state_v_first=False):
+    """Stands in for the GDN prefill kernel with fla's signature (grouped value heads, called as vLLM
+    calls it: q/k norms in the kernel, state [N, Hv, V, K])."""
     B, T, H, Dk = q.shape
     Hv, Dv = v.shape[2:]
     assert k.shape == q.shape and v.shape[:2] == (B, T) and g.shape == beta.shape == (B, T, Hv) and Hv % H == 0
-    assert initial_state.shape == (B, Hv, Dk, Dv) and output_final_state
+    assert initial_state.shape == (B, Hv, Dv, Dk) and output_final_state
+    assert use_qk_l2norm_in_kernel and state_v_first
     return v, initial_state
 
 
@@ -56,7 +59,7 @@ def measured(tmp_path_factory):
     log = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(stepcheck, "load_kernel", lambda name: ShapeCheckingKernel)
-        mp.setattr(run, "load_fla_chunk", lambda: fake_chunk)
+        mp.setattr(run, "load_gdn_prefill", lambda: ("fake 0.1", fake_chunk))
         rc = measure(model, load_hardware("h200"), ALL_JOBS, out, device="cpu", modes=("eager",), commit="abc123",
                      grid=GRID, log=log.append)
     return out / model.name, rc, log
@@ -181,3 +184,4 @@ def test_provenance_records_the_run(measured):
     part = json.loads((mdir / "provenance.json").read_text())["parts"][-1]
     assert part["git_commit"] == "abc123" and part["errors"] == []
     assert missing_fields(part) == ["driver"]  # no GPU driver on a CPU run
+    assert part["kernels"] == {"gdn_prefill": "fake 0.1"}  # the packaged kernel that priced the table
