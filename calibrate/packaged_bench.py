@@ -136,70 +136,78 @@ def _dense_kv(x: dict, b: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def bench_attention(r: Run, s: LayerShapes, fa4: Callable | None) -> None:
-    hq, hkv, d = s.q_heads, s.kv_heads, s.head_dim
-    group = hq // hkv
     for n, ctx in PREFILL:
         if r.spent():
             return
-        case = f"prefill n={n} ctx={ctx}"
-        x = paged_inputs([n], [ctx], BLOCK, hkv, group, d, "cuda", seed=n + ctx)
-        args = (x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["seq_lens"], x["cu_seqlens_q"],
-                x["max_seqlen_q"], x["scale"])
-        flops = 4.0 * hq * d * n * (ctx + (n + 1) / 2)
-        nbytes = 2 * (2 * n * hq * d + 2 * (ctx + n) * hkv * d)
-        ref = paged_attention(*args)
-        r.guard(f"{case} triton", lambda: r.time("attn_prefill", case, "triton_paged", [lambda: paged_attention(*args)],
-                                                  flops, nbytes, reps=5))
-        if fa4 is not None:
-            call = AB.fa4_paged(fa4, *args)
-            r.guard(f"{case} fa4 paged", lambda: r.time("attn_prefill", case, "fa4_paged", [call], flops, nbytes,
-                                                        reps=5, ref="triton_paged", err=rel_err(_first(call()), ref)))
-        k, v = _dense_kv(x, 0)
-        q4 = x["q"].transpose(0, 1)[None]
-        if ctx == 0 and fa4 is not None:
-            kd, vd = k[0].transpose(0, 1).contiguous(), v[0].transpose(0, 1).contiguous()
-            call = AB.fa4_dense(fa4, x["q"], kd, vd, x["cu_seqlens_q"], n, x["scale"])
-            r.guard(f"{case} fa4 dense", lambda: r.time("attn_prefill", case, "fa4_dense", [call], flops, nbytes,
-                                                        reps=5, ref="triton_paged", err=rel_err(_first(call()), ref)))
-        for backend in AB.SDPA_BACKENDS:
-            def sdpa() -> None:
-                kp, vp = (k[:, :, :ctx], v[:, :, :ctx]) if ctx else (None, None)
-                call = AB.sdpa_prefill(backend, q4, k[:, :, ctx:], v[:, :, ctx:], kp, vp)
-                err = rel_err(call()[0].transpose(0, 1), ref) if not ctx else None  # two partial sums with a prefix
-                r.time("attn_prefill", case, f"sdpa_{backend}", [call], flops, nbytes, reps=5,
-                       ref="triton_paged" if not ctx else "", err=err)
-            r.guard(f"{case} sdpa {backend}", sdpa)
-        del x, args, ref, k, v
+        r.guard(f"prefill n={n} ctx={ctx}", lambda: _prefill_case(r, s, fa4, n, ctx))
     for b, p, ctx in DECODE:
         if r.spent():
             return
-        case = f"decode B={b} P={p} ctx={ctx}"
-        nbytes = 2 * b * (ctx + p) * hkv * d * 2 + 2 * 2 * b * p * hq * d
-        flops = 4.0 * b * p * hq * d * (ctx + p)
-        xs = [paged_inputs([p] * b, [ctx] * b, BLOCK, hkv, group, d, "cuda", seed=17 * i + b, spare_blocks=0)
-              for i in range(_copies(nbytes))]
-        argss = [(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["seq_lens"], x["cu_seqlens_q"],
-                  x["max_seqlen_q"], x["scale"]) for x in xs]
-        ref = paged_attention(*argss[0])
-        r.guard(f"{case} triton", lambda: r.time("attn_decode", case, "triton_paged",
-                                                  [lambda a=a: paged_attention(*a) for a in argss], flops, nbytes))
-        if fa4 is not None:
-            calls = [AB.fa4_paged(fa4, *a) for a in argss]
-            r.guard(f"{case} fa4", lambda: r.time("attn_decode", case, "fa4_paged", calls, flops, nbytes,
-                                                  ref="triton_paged", err=rel_err(_first(calls[0]()), ref)))
-        if b * (ctx + p) <= 64 * 16384:
-            def sdpa() -> None:
-                calls = []
-                for x in xs:
-                    kv = [_dense_kv(x, i) for i in range(b)]
-                    k, v = torch.cat([t[0] for t in kv]), torch.cat([t[1] for t in kv])
-                    calls.append(AB.sdpa_decode("cudnn", x["q"].view(b, p, hq, d).transpose(1, 2), k, v))
-                # No mask over the P verify queries: checked against ours only at P = 1.
-                err = rel_err(calls[0]().transpose(1, 2).reshape(b * p, hq, d), ref) if p == 1 else None
-                r.time("attn_decode", case, "sdpa_cudnn", calls, flops, nbytes,
-                       ref="triton_paged" if p == 1 else "", err=err)
-            r.guard(f"{case} sdpa", sdpa)
-        del xs, argss, ref
+        r.guard(f"decode B={b} P={p} ctx={ctx}", lambda: _decode_case(r, s, fa4, b, p, ctx))
+
+
+def _prefill_case(r: Run, s: LayerShapes, fa4: Callable | None, n: int, ctx: int) -> None:
+    hq, hkv, d = s.q_heads, s.kv_heads, s.head_dim
+    group = hq // hkv
+    case = f"prefill n={n} ctx={ctx}"
+    x = paged_inputs([n], [ctx], BLOCK, hkv, group, d, "cuda", seed=n + ctx)
+    args = (x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["seq_lens"], x["cu_seqlens_q"],
+            x["max_seqlen_q"], x["scale"])
+    flops = 4.0 * hq * d * n * (ctx + (n + 1) / 2)
+    nbytes = 2 * (2 * n * hq * d + 2 * (ctx + n) * hkv * d)
+    ref = paged_attention(*args)
+    r.guard(f"{case} triton", lambda: r.time("attn_prefill", case, "triton_paged", [lambda: paged_attention(*args)],
+                                              flops, nbytes, reps=5))
+    if fa4 is not None:
+        call = AB.fa4_paged(fa4, *args)
+        r.guard(f"{case} fa4 paged", lambda: r.time("attn_prefill", case, "fa4_paged", [call], flops, nbytes,
+                                                    reps=5, ref="triton_paged", err=rel_err(_first(call()), ref)))
+    k, v = _dense_kv(x, 0)
+    q4 = x["q"].transpose(0, 1)[None]
+    if ctx == 0 and fa4 is not None:
+        kd, vd = k[0].transpose(0, 1).contiguous(), v[0].transpose(0, 1).contiguous()
+        call = AB.fa4_dense(fa4, x["q"], kd, vd, x["cu_seqlens_q"], n, x["scale"])
+        r.guard(f"{case} fa4 dense", lambda: r.time("attn_prefill", case, "fa4_dense", [call], flops, nbytes,
+                                                    reps=5, ref="triton_paged", err=rel_err(_first(call()), ref)))
+    for backend in AB.SDPA_BACKENDS:
+        def sdpa() -> None:
+            kp, vp = (k[:, :, :ctx], v[:, :, :ctx]) if ctx else (None, None)
+            call = AB.sdpa_prefill(backend, q4, k[:, :, ctx:], v[:, :, ctx:], kp, vp)
+            err = rel_err(call()[0].transpose(0, 1), ref) if not ctx else None  # two partial sums with a prefix
+            r.time("attn_prefill", case, f"sdpa_{backend}", [call], flops, nbytes, reps=5,
+                   ref="triton_paged" if not ctx else "", err=err)
+        r.guard(f"{case} sdpa {backend}", sdpa)
+
+
+def _decode_case(r: Run, s: LayerShapes, fa4: Callable | None, b: int, p: int, ctx: int) -> None:
+    hq, hkv, d = s.q_heads, s.kv_heads, s.head_dim
+    group = hq // hkv
+    case = f"decode B={b} P={p} ctx={ctx}"
+    nbytes = 2 * b * (ctx + p) * hkv * d * 2 + 2 * 2 * b * p * hq * d
+    flops = 4.0 * b * p * hq * d * (ctx + p)
+    xs = [paged_inputs([p] * b, [ctx] * b, BLOCK, hkv, group, d, "cuda", seed=17 * i + b, spare_blocks=0)
+          for i in range(_copies(nbytes))]
+    argss = [(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["seq_lens"], x["cu_seqlens_q"],
+              x["max_seqlen_q"], x["scale"]) for x in xs]
+    ref = paged_attention(*argss[0])
+    r.guard(f"{case} triton", lambda: r.time("attn_decode", case, "triton_paged",
+                                              [lambda a=a: paged_attention(*a) for a in argss], flops, nbytes))
+    if fa4 is not None:
+        calls = [AB.fa4_paged(fa4, *a) for a in argss]
+        r.guard(f"{case} fa4", lambda: r.time("attn_decode", case, "fa4_paged", calls, flops, nbytes,
+                                              ref="triton_paged", err=rel_err(_first(calls[0]()), ref)))
+    if b * (ctx + p) <= 64 * 16384:
+        def sdpa() -> None:
+            calls = []
+            for x in xs:
+                kv = [_dense_kv(x, i) for i in range(b)]
+                k, v = torch.cat([t[0] for t in kv]), torch.cat([t[1] for t in kv])
+                calls.append(AB.sdpa_decode("cudnn", x["q"].view(b, p, hq, d).transpose(1, 2), k, v))
+            # No mask over the P verify queries: checked against ours only at P = 1.
+            err = rel_err(calls[0]().transpose(1, 2).reshape(b * p, hq, d), ref) if p == 1 else None
+            r.time("attn_decode", case, "sdpa_cudnn", calls, flops, nbytes,
+                   ref="triton_paged" if p == 1 else "", err=err)
+        r.guard(f"{case} sdpa", sdpa)
 
 
 # ------------------------------------------------------------------------------ GDN prefill
