@@ -285,7 +285,7 @@ def _profile(r: Run, t: int, calls: list[Callable[[], object]]) -> None:
     per: dict[str, list[float]] = {}
     for e in prof.events():
         if e.device_type.name == "CUDA" and "sleep" not in e.name:
-            per.setdefault(e.name, []).append(e.device_time)
+            per.setdefault(e.name, []).append(e.device_time_total)
     for name, ts in sorted(per.items(), key=lambda kv: -sum(kv[1])):
         r.launches.append({"tokens": t, "kernel": name[:80], "calls": len(ts), "us_per_call": round(sum(ts) / reps, 2)})
         r.log(f"  moe T={t} {name[:60]}: {sum(ts) / reps:.2f} us per call ({len(ts)} launches)")
