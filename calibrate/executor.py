@@ -9,7 +9,7 @@ reach the host:
               slots; one pinned host-to-device copy per dtype;
   target      embedding, then per layer a dense piece and a core: attention cores are one
               paged-attention launch for all requests (KV write included); GDN cores are
-              the conv + ONE varlen fla `chunk_gated_delta_rule` call for all prefill
+              the conv + ONE varlen `chunk_gated_delta_rule` call (FlashInfer's or fla's) for all prefill
               sequences, and the policy's conv verify + verify kernel for all decoding
               requests in one call each, then their commits with the step's accepted
               lengths; MoE (a dense model: an MLP) after every layer;
@@ -37,7 +37,8 @@ import triton
 import triton.language as tl
 
 from calibrate import layers as L
-from calibrate.fla import load_fla
+from calibrate.fla import load_fla_conv
+from calibrate.gdn_prefill_kernel import load_gdn_prefill
 from calibrate.graphs import EAGER, FULL, PIECEWISE, GraphCache, Plan, plan
 from calibrate.shapes import LayerShapes
 from core.config import ModelConfig, PolicyConfig
@@ -317,7 +318,9 @@ class Executor:
         self._buffers(max_context, kv_pool_bytes)
         self.policy_states: dict[str, tuple[dict, dict, dict]] = {}
         self.use_policy(policy)
-        self.chunk_fn, self.fla_conv = load_fla()
+        # vLLM's GDN prefill kernel for this GPU (FlashInfer's on SM90+, else fla's), with fla's signature.
+        self.gdn_prefill_kernel, self.chunk_fn = load_gdn_prefill()
+        self.fla_conv = load_fla_conv()
         from calibrate.kernels.paged_attention import paged_attention, reshape_and_cache
         self.paged_attention, self.reshape_and_cache = paged_attention, reshape_and_cache
         self.full_failed: set[tuple] = set()  # full-graph keys whose capture failed: run piecewise
@@ -414,7 +417,7 @@ class Executor:
         """Which implementation each core runs (a reference instead of a kernel makes timings moot)."""
         def name(f: object) -> str:
             return f"{getattr(f, '__module__', '?')}.{getattr(f, '__name__', type(f).__name__)}" if f else "none"
-        return {"paged_attention": name(self.paged_attention), "gdn_prefill": name(self.chunk_fn),
+        return {"paged_attention": name(self.paged_attention), "gdn_prefill": self.gdn_prefill_kernel or "none",
                 "gdn_prefill_conv": name(self.fla_conv), "verify": self.verify_mod.__name__,
                 "ffn": name(L.mlp_forward if self.s.dense else L.moe_forward)}
 

@@ -6,7 +6,7 @@ from typing import Callable
 
 
 def load_fla_chunk() -> Callable[..., object] | None:
-    """flash-linear-attention's chunked gated delta rule (vLLM's GDN prefill kernel), if installed."""
+    """flash-linear-attention's chunked gated delta rule (vLLM's GDN prefill kernel where FlashInfer's is not), if installed."""
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     except ImportError:
@@ -14,10 +14,10 @@ def load_fla_chunk() -> Callable[..., object] | None:
     return chunk_gated_delta_rule
 
 
-def load_fla() -> tuple[Callable | None, Callable | None]:
-    """fla's varlen chunked gated delta rule and causal conv1d (vLLM's GDN prefill kernels)."""
+def load_fla_conv() -> Callable | None:
+    """fla's varlen causal conv1d (vLLM's GDN prefill conv), if installed."""
     try:
         from fla.modules.causal_conv1d import causal_conv1d
     except ImportError:
-        causal_conv1d = None
-    return load_fla_chunk(), causal_conv1d
+        return None
+    return causal_conv1d

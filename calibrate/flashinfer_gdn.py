@@ -38,7 +38,8 @@ def load_flashinfer_chunk() -> Callable[..., object] | None:
         # vLLM's layer hands the core contiguous q, k, v (copies of the conv output's column ranges).
         q, k, v = (t.squeeze(0).contiguous() for t in (q, k, v))
         if use_qk_l2norm_in_kernel:
-            q, k = l2norm_fwd(q), l2norm_fwd(k)
+            # fla's l2norm_fwd returns (y, rstd); vLLM's copy of it returns y.
+            q, k = l2norm_fwd(q)[0], l2norm_fwd(k)[0]
         g, beta = g.squeeze(0).contiguous().float(), beta.squeeze(0).contiguous().float()
         if cu_seqlens is None:
             # One sequence: vLLM always has its metadata's tensor; keep one per length, not one per call.
