@@ -40,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--time-budget-s", type=float, default=None, help="skip jobs that would start after this many seconds")
     m.add_argument("--step-policy", default="store_all", help="policy kernel run inside the whole-step check")
     m.add_argument("--tar", type=Path, default=None, help="also write the output root as this .tar.gz after every job")
+    m.add_argument("--attn-backend", default="triton", choices=("triton", "fa4", "auto"),
+                   help="attention cores' kernel: our Triton paged kernel, flash-attn-4's paged forward (vLLM "
+                        "runs FlashAttention 3 in the same layout), or fa4 where it imports")
 
     g = sub.add_parser("merge", help="copy measured tables into results/calibration/<gpu>/")
     g.add_argument("--gpu", required=True)
@@ -133,7 +136,7 @@ def _measure(args: argparse.Namespace) -> int:
     for name in _models(args.model):
         rc |= measure(load_model(name), hw, jobs, out, quick=args.quick, device=args.device, modes=modes,
                       commit=args.git_commit or provenance.git_commit(), time_budget_s=args.time_budget_s,
-                      step_policy=args.step_policy, on_job_done=tar)
+                      step_policy=args.step_policy, attn_backend=args.attn_backend, on_job_done=tar)
     return rc
 
 

@@ -2,8 +2,8 @@
 
 One function per table; each returns rows in TABLE_COLUMNS (core.tables.COLUMNS plus
 `host_us`, the host's wall time to issue one call). Attention cores are our paged
-Triton kernel over a vLLM-style block pool (the model's enlarged block size, shuffled
-block tables); the MoE is the fused Triton MoE. Work counts (flops,
+Triton kernel, or flash-attn-4's (`--attn-backend`), over a vLLM-style block pool (the model's
+enlarged block size, shuffled block tables); the MoE is the fused Triton MoE. Work counts (flops,
 bytes) are the minimum each call must do: every weight it touches read once, GEMM
 inputs read and outputs written once, the KV cache read once. `pct_bw` and
 `pct_flops` hold the measured time against the copy bandwidth and matrix rate
@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 
 from calibrate import layers as L
+from calibrate.attention_backends import fa4_paged
 from calibrate.grid import Grid
 from calibrate.kernels.paged_attention import AttnConfig, paged_attention
 from calibrate.shapes import LayerShapes
@@ -42,6 +43,7 @@ class Harness:
     rotate_bytes: int = ROTATE_BYTES
     min_copies: int = 3
     budget_s: float = 0.06  # seconds of replays per measurement
+    fa4: Callable[..., object] | None = None  # flash-attn-4's varlen forward: the attention cores' kernel when set
 
     def time(self, calls: list[Callable[[], object]], mode: str) -> Timing:
         return time_calls(calls, mode, self.device, budget_s=self.budget_s)
@@ -240,8 +242,14 @@ class PagedKV:
             cu_seqlens_q=torch.arange(B + 1, dtype=torch.int32, device=self.device) * q_len, max_seqlen_q=q_len)
 
 
-def core_call(q: torch.Tensor, kv: L.PagedBatch, config: AttnConfig | None = None) -> Callable[[], object]:
+def core_call(q: torch.Tensor, kv: L.PagedBatch, config: AttnConfig | None = None,
+              fa4: Callable[..., object] | None = None) -> Callable[[], object]:
+    """One attention-core call over the paged pool: flash-attn-4's (vLLM runs FlashAttention 3, which takes
+    the same layout) when given, else our Triton kernel."""
     scale = q.shape[-1] ** -0.5
+    if fa4 is not None:
+        return fa4_paged(fa4, q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, kv.cu_seqlens_q,
+                         kv.max_seqlen_q, scale)
     return lambda: paged_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, kv.cu_seqlens_q,
                                    kv.max_seqlen_q, scale, config=config)
 
@@ -283,7 +291,7 @@ def attn_decode_table(h: Harness) -> list[dict]:
             q = h.randn(b * p, s.q_heads, s.head_dim)
             for c in g.decode_ctx:
                 flops, nbytes = decode_work(s, b, p, c)
-                fns = [core_call(q, pool.batch(p, [c + p] * b)) for _ in range(kv_copies(h, nbytes))]
+                fns = [core_call(q, pool.batch(p, [c + p] * b), fa4=h.fa4) for _ in range(kv_copies(h, nbytes))]
                 rows += _timed_rows(h, fns, modes, B=b, P=p, ctx=c, tokens=b * p, flops=flops, nbytes=nbytes)
             h.log(f"  attn_decode B={b} P={p}: " + ", ".join(f"ctx {r['ctx']} {r['mode']} {r['us']:.1f}" for r in rows[-len(modes) * len(g.decode_ctx):]))
     del pool
@@ -301,7 +309,7 @@ def attn_prefill_table(h: Harness) -> list[dict]:
         q = h.randn(n, s.q_heads, s.head_dim)
         for c in g.prefill_ctx:
             flops, nbytes = prefill_work(s, n, c)
-            fns = [core_call(q, pool.batch(n, [c + n])) for _ in range(kv_copies(h, nbytes))]
+            fns = [core_call(q, pool.batch(n, [c + n]), fa4=h.fa4) for _ in range(kv_copies(h, nbytes))]
             rows += _timed_rows(h, fns, modes, B=1, P=n, ctx=c, tokens=n, flops=flops, nbytes=nbytes)
         h.log(f"  attn_prefill chunk={n}: " + ", ".join(f"ctx {r['ctx']} {r['mode']} {r['us']:.1f}" for r in rows[-len(modes) * len(g.prefill_ctx):]))
     del pool

@@ -53,6 +53,7 @@ def kernel_rows(model: ModelConfig, mdir: Path, modes: tuple[str, ...], commit: 
 def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: Path, *, quick: bool = False,
             device: str = "cuda", modes: tuple[str, ...] = ("graph", "eager"), commit: str | None = None,
             time_budget_s: float | None = None, step_policy: str = "store_all", grid: Grid | None = None,
+            attn_backend: str = "triton",
             log: Callable[[str], None] = print, on_job_done: Callable[[], None] = lambda: None) -> int:
     import torch
 
@@ -77,11 +78,15 @@ def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: 
     # read against it.
     probe = HostProbe(dev) if cuda else None
     probes = {"start": probe()} if probe else {}
+    fa4 = load_attention(attn_backend, cuda)
     h = M.Harness(LayerShapes.from_model(model), grid, dev, modes, bw, tflops, log=log,
-                  rotate_bytes=M.ROTATE_BYTES if cuda else 0, min_copies=3 if cuda else 1)
+                  rotate_bytes=M.ROTATE_BYTES if cuda else 0, min_copies=3 if cuda else 1, fa4=fa4)
     mdir = out / model.name
     done, errors, skipped = {}, [], []
     packaged: dict[str, str] = {}  # table -> the packaged kernel that priced it, where there is a choice
+    if fa4 is not None:
+        packaged.update({t: f"flash-attn-4 {_version('flash-attn-4')}" for t in ("attn_decode", "attn_prefill")
+                         if t in jobs})
     with torch.inference_mode():
         for job in jobs:
             if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
@@ -153,3 +158,28 @@ def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: 
     on_job_done()
     log(f"{model.name}: {len(done)} jobs done, {len(errors)} failed, {len(skipped)} skipped in {part['wall_s']} s")
     return 1 if errors else 0
+
+
+ATTN_BACKENDS = ("triton", "fa4", "auto")
+
+
+def load_attention(backend: str, cuda: bool) -> Callable[..., object] | None:
+    """flash-attn-4's forward for the attention tables, or None for our Triton kernel. `fa4` insists on it,
+    `auto` takes it where it imports (a GPU of compute capability 9.0+), `triton` is ours."""
+    from calibrate.attention_backends import load_fa4
+
+    if backend not in ATTN_BACKENDS:
+        raise ValueError(f"attn_backend must be one of {', '.join(ATTN_BACKENDS)}, got {backend!r}")
+    fa = load_fa4() if backend != "triton" and cuda else None
+    if backend == "fa4" and fa is None:
+        raise SystemExit("calibrate measure: --attn-backend fa4 but flash-attn-4 does not import here (or no GPU)")
+    return fa
+
+
+def _version(package: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "unknown"

@@ -184,4 +184,4 @@ def test_provenance_records_the_run(measured):
     part = json.loads((mdir / "provenance.json").read_text())["parts"][-1]
     assert part["git_commit"] == "abc123" and part["errors"] == []
     assert missing_fields(part) == ["driver"]  # no GPU driver on a CPU run
-    assert part["kernels"] == {"gdn_prefill": "fake 0.1"}  # the packaged kernel that priced the table
+    assert part["packaged_kernels"] == {"gdn_prefill": "fake 0.1"}  # the packaged kernel that priced the table
