@@ -184,3 +184,15 @@ def test_edited_file_is_read_again(tmp_path):
     assert load_workload("azure-conv", 1, 0, {"path": str(f)}).requests[0].prompt_tokens == 10
     f.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,1234,5\n")
     assert load_workload("azure-conv", 1, 0, {"path": str(f)}).requests[0].prompt_tokens == 1234
+
+
+def test_generated_files_are_what_the_generator_writes(tmp_path, monkeypatch):
+    """tests/data's generated traces come from tests/data/generate.py, byte for byte."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("generate", DATA / "generate.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    monkeypatch.setattr(gen, "HERE", tmp_path)
+    gen.main()
+    for f in tmp_path.iterdir():
+        assert f.read_bytes() == (DATA / f.name).read_bytes(), f.name
