@@ -16,20 +16,24 @@ from policies.kernels.treewy import Tuning
 pytestmark = pytest.mark.usefixtures("nan_poison")
 POLICIES = {"store_all": store_all, "reconstruct": reconstruct}
 F32, BF16 = 1e-5, 2e-2
+# Cold start (no state to hide behind): float32 kernels come within ~3e-7 of float64 here;
+# one factor of the triangular inverse left out gives 3e-5 to 6e-5.
+COLD = 3e-6
 
 
 def fresh(x):
     return {**x, "state": x["state"].clone()}
 
 
-def check_policy(policy, x, tol, nodes=None):
-    """Outputs, then commit from the same verify for each accepted node (a fresh target state each time)."""
+def check_policy(policy, x, tol, nodes=None, out_tol=None):
+    """Outputs (within `out_tol`, default `tol`), then commit from the same verify for each
+    accepted node (a fresh target state each time)."""
     o_ref, states = R.recurrence(**x)
     mod = POLICIES[policy]
     o, ctx = mod.verify(**fresh(x))
     assert not torch.isnan(o).any()
     err = rel_err(o, o_ref)
-    assert err < tol, f"outputs: {err:.2e}"
+    assert err < (out_tol or tol), f"outputs: {err:.2e}"
     B, T = x["parent"].shape
     n = [T] * B if x["lengths"] is None else x["lengths"].tolist()
     for a in nodes if nodes is not None else range(T):
@@ -51,6 +55,26 @@ CASES = {
 }
 
 
+# Keys from a few shared directions plus noise, slow decays and a cold-start state: the
+# outputs and states are the tree's own update, so the error is relative to it, and every
+# power of the coupling matrix in the solve matters (with independent keys at d = 128 they
+# nearly vanish, and a missing factor of the triangular inverse passed).
+CORRELATED = {
+    "chain16-d128": ([chain(16)], 1, 1, 128),
+    "deep-tree-d128": ([[-1] + [max(0, t - 1 - (t % 3 == 0)) for t in range(1, 16)]], 1, 2, 128),
+    "full222-ragged-d128": ([full((2, 2, 2)), chain(11)], 1, 2, 128),
+}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("case", CORRELATED)
+def test_correlated_keys_at_d128_against_float64(policy, case):
+    trees, hk, hv, d = CORRELATED[case]
+    x = random_inputs(trees, hk=hk, hv=hv, dk=d, dv=d, seed=12, correlated_keys=True, state_scale=0.0,
+                      log_decay=0.01)
+    check_policy(policy, x, COLD)
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("case", CASES)
 def test_float32_against_float64(policy, case):
@@ -62,8 +86,12 @@ def test_float32_against_float64(policy, case):
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_bf16_inputs(policy):
+    """q, k, v in bf16 as vLLM serves them: the float32 state comes out float32-accurate (the
+    products are exact on bf16 operands), the bf16 outputs within a few of their own roundings."""
     x = random_inputs([full((2, 2, 2)), chain(4)], hk=1, hv=2, dk=32, dv=32, seed=11, dtype=torch.bfloat16)
-    check_policy(policy, x, BF16, nodes=[0, 3, 14])
+    o_ref = R.recurrence(**x)[0]
+    rounding = rel_err(o_ref.to(torch.bfloat16), o_ref)  # the best a bf16 output can do
+    check_policy(policy, x, F32, nodes=[0, 3, 14], out_tol=3 * rounding)
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -40,13 +40,24 @@ def random_tree(T: int, gen: torch.Generator) -> list[int]:
     return [-1] + [int(torch.randint(0, t, (1,), generator=gen)) for t in range(1, T)]
 
 
+SHARED_KEY_DIRECTIONS = 4  # correlated keys: each key mixes these few directions, plus noise
+KEY_NOISE = 0.3
+
+
 def random_inputs(parents: list[list[int]], hk: int, hv: int, dk: int, dv: int, seed: int,
                   dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                  T: int | None = None) -> dict[str, torch.Tensor]:
+                  T: int | None = None, correlated_keys: bool = False,
+                  state_scale: float = 1.0, log_decay: float = 1.0) -> dict[str, torch.Tensor]:
     """Inputs for verify: one parent list per sequence (ragged when sizes differ).
 
-    Decays a in (e^-1, 1) and b in (0, 1) as in a trained GDN layer; k is L2-normalised;
-    the committed state is a random float32 state of unit scale.
+    Decays a in (e^-log_decay, 1) and b in (0, 1) as in a trained GDN layer (long-memory
+    heads decay slowly: a small `log_decay`); k is L2-normalised;
+    the committed state is a random float32 state of `state_scale` (0: a cold start, so
+    outputs and states are the tree's own update and an error is measured on its scale).
+    Independent random keys at d = 128 are nearly orthogonal, so the solve's coupling
+    terms (powers of the strictly lower k.k matrix) almost vanish and a missing one goes
+    unseen; `correlated_keys` draws them from a few shared directions plus noise, as a
+    trained layer's keys overlap, which, with slow decays, makes those terms large.
     """
     B = len(parents)
     T = T or max(len(p) for p in parents)
@@ -54,10 +65,16 @@ def random_inputs(parents: list[list[int]], hk: int, hv: int, dk: int, dv: int, 
     par = torch.full((B, T), -1, dtype=torch.int32)
     for b, p in enumerate(parents):
         par[b, :len(p)] = torch.tensor(p, dtype=torch.int32)
-    k = torch.nn.functional.normalize(torch.randn(B, T, hk, dk, generator=gen), dim=-1)
+    if correlated_keys:
+        basis = torch.randn(SHARED_KEY_DIRECTIONS, dk, generator=gen)
+        mix = torch.randn(B, T, hk, SHARED_KEY_DIRECTIONS, generator=gen)
+        raw = mix @ basis + KEY_NOISE * torch.randn(B, T, hk, dk, generator=gen)
+    else:
+        raw = torch.randn(B, T, hk, dk, generator=gen)
+    k = torch.nn.functional.normalize(raw, dim=-1)
     x = dict(q=torch.randn(B, T, hk, dk, generator=gen) / dk ** 0.5, k=k, v=torch.randn(B, T, hv, dv, generator=gen),
-             g=-torch.rand(B, T, hv, generator=gen), beta=torch.rand(B, T, hv, generator=gen) * 0.98 + 0.01,
-             parent=par, state=torch.randn(B, hv, dv, dk, generator=gen))
+             g=-log_decay * torch.rand(B, T, hv, generator=gen), beta=torch.rand(B, T, hv, generator=gen) * 0.98 + 0.01,
+             parent=par, state=state_scale * torch.randn(B, hv, dv, dk, generator=gen))
     x = {n: t.to(device=device, dtype=dtype if n in ("q", "k", "v") else t.dtype) for n, t in x.items()}
     ragged = any(len(p) != T for p in parents)
     x["lengths"] = torch.tensor([len(p) for p in parents], dtype=torch.int32, device=device) if ragged else None
