@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="fix another RunConfig field for every probe, e.g. engine.kv_cache_dtype=fp8 (repeatable)")
     p.add_argument("--dense-check", action="store_true", help="also probe the best configuration on a rate grid of "
-                   "step (1 + tolerance) from half to twice its capacity, and report whether the two agree")
+                   "step (1 + tolerance) from 1/1.5 to 1.5 x its capacity, and report whether the two agree")
     p.add_argument("--out", default=None, help="plan folder (default: results/plans/<workload>)")
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: all cores)")
     p.add_argument("--dask-scheduler", default=None, metavar="ADDRESS", help="run probes on this Dask scheduler")
@@ -157,10 +158,15 @@ def main(args: argparse.Namespace) -> int:
     progress = not args.no_progress
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if progress else (lambda line: None)
 
+    tally = {"ran": 0, "cached": 0}
+    start = time.perf_counter()
+
     def evaluate(configs: list[RunConfig]) -> list[dict[str, Any]]:
         # a bar per round on a terminal; in a log, the round's one line is enough
         result = run_sweep(configs, out, jobs=args.jobs, dask_scheduler=args.dask_scheduler, prepare=prepare,
                            progress=progress and sys.stderr.isatty())
+        tally["ran"] += result.ran
+        tally["cached"] += result.cached
         log(f"plan:   {result.ran} run, {result.cached} cached, in {result.wall_s:.1f} s")
         return result.records
 
@@ -168,10 +174,15 @@ def main(args: argparse.Namespace) -> int:
     searched = [r for r in results if r.status in ("found", "above_max", "none_met")]
     if searched and all(r.status == "none_met" for r in searched):
         raise ConfigError(f"no candidate meets the SLOs at any rate: {none_met_message(searched[0])}")
+    searched_s = time.perf_counter() - start
     dense = None
     if args.dense_check:
         dense = dense_check(results, settings, evaluate, log)
-    write_outputs(out, results, settings, args, dense, code_version(args.hardware), git_describe())
+    executor = f"dask {args.dask_scheduler}" if args.dask_scheduler else f"processes x {args.jobs or os.cpu_count()}"
+    provenance = {"code_version": code_version(args.hardware), "git": git_describe(), "executor": executor,
+                  "search_wall_s": round(searched_s, 1), "wall_s": round(time.perf_counter() - start, 1),
+                  "runs": tally["ran"], "cached_runs": tally["cached"]}
+    write_outputs(out, results, settings, args, dense, provenance)
     top = best(results)
     print(f"best: {top.candidate.label}: {top.capacity / top.gpus:.4g} req/s per GPU\n"
           f"wrote {out / 'plan.csv'}, plan.json, plan.png, plan.pdf, report.md", file=sys.stderr)

@@ -13,7 +13,7 @@ from sim.plan_run import CandidateResult, Evaluate, PlanSettings, TraceRates, be
 from sim.plan_search import Probe, Verdict, round_rate
 
 
-def dense_rates(capacity: float, tolerance: float, span: float = 2.0) -> list[float]:
+def dense_rates(capacity: float, tolerance: float, span: float = 1.5) -> list[float]:
     """A rate grid from capacity / span to capacity x span in steps of (1 + tolerance)."""
     lo, n = capacity / span, math.ceil(math.log(span * span) / math.log1p(tolerance))
     return sorted({round_rate(lo * (1 + tolerance) ** i) for i in range(n + 1)})

@@ -15,13 +15,19 @@ from sim.plan_run import CandidateResult, PlanSettings, policy_best  # noqa: E40
 from sim.plan_slo import format_seconds  # noqa: E402
 
 
+# Above capacity a metric grows with the run's length, so its value says only "broken": values
+# over CLIP x the bound are drawn at that height, the axis's top.
+CLIP = 4.0
+
+
 def draw(results: list[CandidateResult], settings: PlanSettings, out: Path, title: str) -> None:
     slos = settings.slos
     fig, axes = plt.subplots(1, len(slos), figsize=(5.2 * len(slos), 4.2), squeeze=False)
     shown = [r for r in policy_best(results) if r.verdicts]
     for ax, slo in zip(axes[0], slos):
         for r in shown:
-            points = [(v.rate, slo.value(v.summary), v.met) for v in r.verdicts if slo.value(v.summary) is not None]
+            top = CLIP * slo.bound_s
+            points = [(v.rate, min(value, top), v.met) for v in r.verdicts if (value := slo.value(v.summary)) is not None]
             if not points:
                 continue
             color, marker = style.color(r.candidate.policy), style.marker(r.candidate.policy)
@@ -34,6 +40,7 @@ def draw(results: list[CandidateResult], settings: PlanSettings, out: Path, titl
         ax.axhline(slo.bound_s, color="black", linestyle="--", linewidth=1.0)
         ax.text(0.01, slo.bound_s, f" SLO {slo}", transform=ax.get_yaxis_transform(), va="bottom", fontsize=8)
         ax.set_yscale("log")
+        ax.set_ylim(top=CLIP * slo.bound_s * 1.15)
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))  # labels within one decade too
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_seconds(v)))
         ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
@@ -44,7 +51,8 @@ def draw(results: list[CandidateResult], settings: PlanSettings, out: Path, titl
                           label=f"{r.candidate.label}: {r.capacity:.3g} req/s") for r in shown]
     handles += [plt.Line2D([], [], color="grey", linestyle=":", label="capacity (dotted)"),
                 plt.Line2D([], [], color="grey", marker="o", markerfacecolor="white", linestyle="",
-                           label="probe that fails: an SLO broken, or still growing at the longest run (hollow)")]
+                           label="probe that fails: an SLO broken, or still growing at the longest run (hollow)"),
+                plt.Line2D([], [], linestyle="", label=f"values above {CLIP:g} x the bound are drawn at {CLIP:g} x it")]
     fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=1, fontsize=8, frameon=False)
     fig.suptitle(f"Capacity under SLOs: {title}", fontsize=11)
     fig.tight_layout()

@@ -80,7 +80,8 @@ def plan_command(args: argparse.Namespace, out: Path) -> str:
 
 
 def write_outputs(out: Path, results: list[CandidateResult], settings: PlanSettings, args: argparse.Namespace,
-                  dense: DenseCheck | None, version: str, git: str) -> None:
+                  dense: DenseCheck | None, provenance: dict[str, Any]) -> None:
+    """`provenance`: code version, git commit, executor, wall times and run counts, for plan.json."""
     from sim.plan_figure import draw
 
     out.mkdir(parents=True, exist_ok=True)
@@ -89,7 +90,7 @@ def write_outputs(out: Path, results: list[CandidateResult], settings: PlanSetti
     pd.DataFrame(rows).to_csv(buf, index=False, float_format="%.6g")
     atomic_write_text(out / "plan.csv", buf.getvalue())
     doc = {
-        "command": plan_command(args, out), "git": git, "code_version": version,
+        "command": plan_command(args, out), **provenance,
         "workload": settings.workload, "model": args.model, "hardware": args.hardware,
         "slos": [{"name": s.name, "summary_field": s.key, "bound_s": s.bound_s} for s in settings.slos],
         "target_rate_rps": args.rate,
@@ -150,8 +151,8 @@ def report(results: list[CandidateResult], rows: list[dict[str, Any]], settings:
               f"A configuration's capacity is the highest request rate, per data-parallel replica, at which every SLO "
               f"holds, found by doubling or halving the rate from {start} until one rate passes and one "
               f"fails, then bisecting (geometric midpoints) until (failing - passing) / passing <= {s.tolerance:g}. "
-              f"Each probe runs the configuration at {s.num_requests} requests, and unless that run already breaks an "
-              f"SLO by more than {s.stability:g} x its bound (a failure), at {2 * s.num_requests}; the latency "
+              f"Each probe runs the configuration at {s.num_requests} requests; a run that already breaks an SLO by "
+              f"more than {s.stability:g} x its bound fails the probe, otherwise it also runs {2 * s.num_requests}; the latency "
               f"metrics leave out the first {args.warmup:.0%} and last {args.cooldown:.0%} of arrivals (an empty engine "
               f"at the start, a draining one at the end). A probe is steady when every SLO metric moves by at most "
               f"{s.stability:g} x its bound between the two lengths; otherwise it doubles the longer run, up to "

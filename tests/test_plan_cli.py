@@ -117,7 +117,7 @@ def test_capacity_agrees_with_a_dense_rate_sweep(tmp_path):
     cand = candidates(["store_all"], [], [0.9], [256], [8192])
     (plan,) = run_plan(cand, s, evaluate, log=lambda line: None)
     assert plan.status == "found"
-    dense = dense_capacity(dense_sweep(cand[0], dense_rates(plan.capacity, s.tolerance, span=1.5), s, evaluate))
+    dense = dense_capacity(dense_sweep(cand[0], dense_rates(plan.capacity, s.tolerance), s, evaluate))
     assert abs(dense - plan.capacity) <= s.tolerance * max(dense, plan.capacity)
 
 

@@ -189,7 +189,7 @@ def test_a_first_run_far_over_its_bound_fails_without_the_longer_run():
 
 
 def test_dense_capacity_is_the_last_rate_before_the_first_failure():
-    rates = dense_rates(10.0, 0.1)
+    rates = dense_rates(10.0, 0.1, span=2.0)
     assert rates[0] == 5.0 and rates[-1] >= 20.0
     assert all(b / a <= 1.1 + 1e-4 for a, b in zip(rates, rates[1:]))  # steps of 1 + tolerance, rounded
 
