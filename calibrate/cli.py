@@ -129,9 +129,11 @@ def _measure(args: argparse.Namespace) -> int:
         raise ConfigError(f"--modes must be a comma-separated subset of graph,eager; got {args.modes!r}")
 
     def tar() -> None:
-        if args.tar:
-            with tarfile.open(args.tar, "w:gz") as t:
+        if args.tar:  # whole or not at all: a call cut off while it writes keeps the previous one
+            tmp = args.tar.with_name(f".{args.tar.name}.tmp")
+            with tarfile.open(tmp, "w:gz") as t:
                 t.add(out, arcname="calibration")
+            os.replace(tmp, args.tar)
     rc = 0
     for name in _models(args.model):
         rc |= measure(load_model(name), hw, jobs, out, quick=args.quick, device=args.device, modes=modes,

@@ -83,6 +83,7 @@ def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: 
                   rotate_bytes=M.ROTATE_BYTES if cuda else 0, min_copies=3 if cuda else 1, fa4=fa4)
     mdir = out / model.name
     done, errors, skipped = {}, [], []
+    interrupted = False
     packaged: dict[str, str] = {}  # table -> the packaged kernel that priced it, where there is a choice
     if fa4 is not None:
         packaged.update({t: f"flash-attn-4 {_version('flash-attn-4')}" for t in ("attn_decode", "attn_prefill")
@@ -141,6 +142,11 @@ def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: 
             except Exception as e:  # keep measuring the other jobs; report this one
                 errors.append(f"{job}: {type(e).__name__}: {e}")
                 log(f"[{job}] FAILED: {traceback.format_exc()}")
+            except KeyboardInterrupt:  # a time limit's SIGINT: the finished jobs' tables keep their provenance
+                errors.append(f"{job}: interrupted after {time.perf_counter() - tj:.0f} s")
+                log(f"[{job}] interrupted")
+                interrupted = True
+                break
             finally:
                 gc.collect()
                 if cuda:
@@ -157,6 +163,8 @@ def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: 
     provenance.write(mdir / "provenance.json", {"model": model.name, **prov})
     on_job_done()
     log(f"{model.name}: {len(done)} jobs done, {len(errors)} failed, {len(skipped)} skipped in {part['wall_s']} s")
+    if interrupted:  # no further model or job: the caller's limit is up
+        raise KeyboardInterrupt
     return 1 if errors else 0
 
 

@@ -161,6 +161,26 @@ def test_dense_model_measures_every_job_with_an_mlp_table(tmp_path):
     assert "mlp" in part["jobs"] and "moe" not in part["jobs"] and part["errors"] == []
 
 
+def test_a_time_limit_keeps_the_finished_tables_and_their_provenance(tmp_path):
+    """SIGINT (a time limit) during a job: the jobs done before it keep their tables and the provenance
+    says what was cut, then the interrupt goes on up (no further model is started)."""
+    from calibrate import measure as M
+    from calibrate.run import measure
+
+    def cut(h):
+        raise KeyboardInterrupt
+    model = validate(ModelConfig, TINY, "tiny")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(M.TABLE_JOBS, "lm_head", cut)
+        with pytest.raises(KeyboardInterrupt):
+            measure(model, load_hardware("h200"), ("gdn", "lm_head", "mtp_fc"), tmp_path, device="cpu",
+                    modes=("eager",), commit="abc123", grid=GRID, log=lambda s: None)
+    mdir = tmp_path / model.name
+    assert (mdir / "gdn.csv").exists() and not (mdir / "mtp_fc.csv").exists()
+    part = json.loads((mdir / "provenance.json").read_text())["parts"][-1]
+    assert list(part["jobs"]) == ["gdn"] and part["errors"][0].startswith("lm_head: interrupted")
+
+
 def test_step_check_and_memory(measured):
     mdir, _, _ = measured
     rows = list(csv.DictReader((mdir / "step_check.csv").open()))
