@@ -122,6 +122,7 @@ docs: venv
 	$(MAKE) validate VALIDATION_OUT=results/validation
 	rm -rf docs/validation && mkdir -p docs/validation && cp -r results/validation/validation.csv \
 	  results/validation/validation.json results/validation/figures docs/validation/
+	$(MAKE) plan-example
 	$(PY) -m sim report --readme --write README.md
 
 # The traced runs the step replay executes (calibrate/REPLAY.md): sharegpt, three policies x gmu 0.6 / 0.9

@@ -25,7 +25,7 @@ from policies import DraftTree
 from sim.grid import check_field
 from sim.plan_candidates import Candidate, candidates
 from sim.plan_dense import dense_check
-from sim.plan_run import PlanSettings, Prepared, best, none_met_message, run_plan
+from sim.plan_run import PlanSettings, Prepared, best, config, none_met_message, run_plan
 from sim.plan_search import check_tolerance
 from sim.plan_slo import parse_slos
 from sim.code_version import code_version
@@ -170,9 +170,13 @@ def main(args: argparse.Namespace) -> int:
         log(f"plan:   {result.ran} run, {result.cached} cached, in {result.wall_s:.1f} s")
         return result.records
 
+    prepare([config(settings, {"num_requests": settings.num_requests}, "--workload")])  # a bad workload fails first
     results = run_plan(cands, settings, evaluate, log, slots)
     searched = [r for r in results if r.status in ("found", "above_max", "none_met")]
-    if searched and all(r.status == "none_met" for r in searched):
+    if not searched:  # every candidate infeasible or failed: nothing to plan with
+        first = results[0]
+        raise ConfigError(f"no candidate could run; {first.candidate.label}: {first.status}: {first.error}")
+    if all(r.status == "none_met" for r in searched):
         raise ConfigError(f"no candidate meets the SLOs at any rate: {none_met_message(searched[0])}")
     searched_s = time.perf_counter() - start
     dense = None

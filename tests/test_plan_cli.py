@@ -69,6 +69,9 @@ def test_repeated_slo_is_refused():
     (["--arrivals", "constant", "--burstiness", "0.5"], "--burstiness 0.5 shapes Poisson gaps"),
     (["--dask-scheduler", "tcp://127.0.0.1:9"], "--dask-scheduler 'tcp://127.0.0.1:9': cannot reach a Dask scheduler"),
     (["--rate", "0"], "--rate 0: the target load must be > 0"),
+    (["--gmu", "1.5"], "engine.gmu: Value error, gmu must be in (0, 1], got 1.5"),
+    (["--workload", "nope"], "unknown workload 'nope'; valid: "),
+    (["--policy", "store_all", "--tree", "1,1,1,1"], "no candidate could run; store_all (tree 1,1,1,1, gmu 0.9"),
 ])
 def test_bad_plan_options_are_one_line_exit_2(capsys, tmp_path, flags, fragment):
     one_line_error(capsys, ["plan", *SMALL, "--slo", "ttft_p99=2s", *flags, "--out", str(tmp_path)], fragment)
