@@ -1,11 +1,14 @@
 """`specsim report --readme`: the README's numbers, computed from the outputs committed in docs/.
 
 README.md holds generated blocks between `<!-- generated: NAME -->` and
-`<!-- end generated: NAME -->`. This module renders each block from the committed
-sweep folders (`docs/sweeps/<name>/points.csv`, `sweep.json`) and single runs
-(`docs/runs/<workload>-<policy>.json`, summary.json files); `--write` puts them into
-the README, `--check` fails when the README says something else. `make docs` reruns
-everything and writes both (so the README cannot drift from what the outputs say).
+`<!-- end generated: NAME -->`. This module renders each block from committed outputs: the
+sweep folders (`docs/sweeps/<name>/points.csv`, `sweep.json`), the single runs
+(`docs/runs/<workload>-<policy>.json`, summary.json files), the validation against published
+runs (`docs/validation/`) and the step executor's replay summary (results/calibration);
+`--write` puts them into the README, `--check` fails when the README says something else.
+`make docs` reruns everything and writes both, so the README cannot drift from the outputs.
+A new block is one function `(docs folder) -> markdown` in BLOCKS, in the README's order, and
+a `generated` pair of comments in the README.
 """
 from __future__ import annotations
 
