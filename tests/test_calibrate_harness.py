@@ -181,6 +181,28 @@ def test_a_time_limit_keeps_the_finished_tables_and_their_provenance(tmp_path):
     assert list(part["jobs"]) == ["gdn"] and part["errors"][0].startswith("lm_head: interrupted")
 
 
+@pytest.mark.slow
+def test_kernels_job_benches_the_models_shard_heads_into_its_folder(tmp_path):
+    """The kernels job on the bench's CPU rehearsal (toy sizes, GDN_BENCH_REHEARSAL, set before the bench is
+    imported, hence a child process): the model's own rows in <model>/kernels.csv, its state dtype."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys; from pathlib import Path; from calibrate.run import kernel_rows; "
+            "from core.config import load_model; "
+            "print(kernel_rows(load_model('qwen3-next-80b-a3b'), Path(sys.argv[1]), ('graph',), 'abc', 1.0))")
+    env = {**os.environ, "GDN_BENCH_REHEARSAL": "1", "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent.parent, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = list(csv.DictReader((tmp_path / "kernels.csv").open()))
+    assert int(out.stdout.split()[-1]) == len(rows) > 0
+    assert {r["model"] for r in rows} == {"qwen3-next-80b-a3b"} and {r["state_dtype"] for r in rows} == {"bfloat16"}
+    assert {r["mode"] for r in rows} == {"graph"} and {r["tree"] for r in rows} == {"1,1,1"}
+
+
 def test_step_check_and_memory(measured):
     mdir, _, _ = measured
     rows = list(csv.DictReader((mdir / "step_check.csv").open()))
