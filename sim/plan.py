@@ -70,8 +70,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cooldown", type=float, default=0.1, help="share of a run's last arrivals left out of its metrics")
     p.add_argument("--stability", type=float, default=0.1, help="a probe is steady when each SLO metric moves by at "
                    "most this share of its bound between N and 2N requests")
-    p.add_argument("--start-rate", type=float, default=None, help="first rate probed, requests/s (default: half "
-                   "the configuration's saturated throughput, from one run with max_num_seqs requests in flight)")
+    p.add_argument("--start-rate", type=float, default=None, help="first rate probed, requests/s (default: "
+                   "each configuration's saturated throughput, from one run with max_num_seqs requests in flight)")
     p.add_argument("--min-rate", type=float, default=None, help="lowest rate probed (default: the start / 1024)")
     p.add_argument("--max-rate", type=float, default=None, help="highest rate probed (default: the start x 1024)")
     p.add_argument("--arrivals", choices=["poisson", "constant", "trace"], default="poisson",

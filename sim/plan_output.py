@@ -13,8 +13,8 @@ import pandas as pd
 
 from core.files import atomic_write_text
 from sim.plan_dense import DenseCheck
-from sim.plan_run import START_FRACTION, CandidateResult, PlanSettings, best, policy_best
-from sim.plan_search import Verdict
+from sim.plan_run import START_STEP, CandidateResult, PlanSettings, best, policy_best
+from sim.plan_search import GROWTH, Verdict
 from sim.plan_slo import format_seconds
 
 # Why a replica of a plan for rate / replicas sees the traffic the plan probed.
@@ -145,11 +145,12 @@ def report(results: list[CandidateResult], rows: list[dict[str, Any]], settings:
     lines += ["## Per policy (its best configuration)", ""]
     lines += [f"- {_gpus_sentence(r, rate)}" for r in policy_best(results)]
     lines += ["", "## Every configuration", "", _markdown(rows, s), ""]
-    start = (f"{s.start_rate:g} req/s" if s.start_rate else
-             f"{START_FRACTION:g} x its saturated throughput (one run with max_num_seqs requests always in flight)")
+    start = (f"{s.start_rate:g} req/s, by a factor of {GROWTH:g}" if s.start_rate else
+             f"its saturated throughput (one run with max_num_seqs requests always in flight), by a factor of "
+             f"{START_STEP:g}")
     lines += ["## How capacity is decided", "",
               f"A configuration's capacity is the highest request rate, per data-parallel replica, at which every SLO "
-              f"holds, found by doubling or halving the rate from {start} until one rate passes and one "
+              f"holds, found by raising or lowering the rate from {start} that squares at each step, until one rate passes and one "
               f"fails, then bisecting (geometric midpoints) until (failing - passing) / passing <= {s.tolerance:g}. "
               f"Each probe runs the configuration at {s.num_requests} requests; a run that already breaks an SLO by "
               f"more than {s.stability:g} x its bound fails the probe, otherwise it also runs {2 * s.num_requests}; the latency "

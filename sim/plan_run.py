@@ -18,15 +18,16 @@ from typing import Any
 from core.config import ConfigError, RunConfig, load_model, validate
 from sim.grid import set_field
 from sim.plan_candidates import Candidate
-from sim.plan_search import CapacitySearch, Probe, Verdict, round_rate
+from sim.plan_search import GROWTH, CapacitySearch, Probe, Verdict, round_rate
 from sim.plan_slo import Slo
 from sim.sweep import warm_workloads, workload_signature
 
 Evaluate = Callable[[list[RunConfig]], list[dict[str, Any]]]  # configs -> sweep records, in order
-# Without --start-rate a search starts at this share of the configuration's saturated throughput
-# (one run with max_num_seqs requests always in flight): a rate just below where queues grow,
-# so the search skips the slow low-rate probes; RATE_SPAN bounds the rates either side of it.
-START_FRACTION = 0.5
+# Without --start-rate a search starts at the configuration's saturated throughput (one run with
+# max_num_seqs requests always in flight), an estimate of its capacity (within 0.8-1.2x of it on
+# ShareGPT), with a first bracketing step of START_STEP: the search skips the slow low-rate
+# probes. RATE_SPAN bounds the rates either side of the start.
+START_STEP = 1.25
 RATE_SPAN = 1024.0
 
 
@@ -40,7 +41,7 @@ class PlanSettings:
     num_requests: int  # the shorter length of a probe (the longer is twice this)
     max_requests: int
     stability: float  # a steady probe's SLO metrics move by at most this x their bound
-    start_rate: float | None  # None: START_FRACTION x each candidate's saturated throughput
+    start_rate: float | None  # None: each candidate's saturated throughput
     min_rate: float | None  # None: the start / RATE_SPAN
     max_rate: float | None  # None: the start x RATE_SPAN
     arrivals: str  # "poisson" or "trace" (the workload's own timestamps, time-scaled)
@@ -204,7 +205,7 @@ def run_plan(cands: list[Candidate], settings: PlanSettings, evaluate: Evaluate,
             lo, hi = s.min_rate or start / RATE_SPAN, s.max_rate or start * RATE_SPAN
             if s.start_rate is None:  # a measured start stays inside the rates the user allows
                 start = min(max(start, lo), hi)
-            r.search = CapacitySearch(start, s.tolerance, lo, hi)
+            r.search = CapacitySearch(start, s.tolerance, lo, hi, START_STEP if s.start_rate is None else GROWTH)
     rounds = 0
     while True:
         batch: list[tuple[CandidateResult, Probe, int]] = []
@@ -243,10 +244,9 @@ def run_plan(cands: list[Candidate], settings: PlanSettings, evaluate: Evaluate,
 
 def saturation_starts(results: list[CandidateResult], settings: PlanSettings, evaluate: Evaluate,
                       log: Callable[[str], None]) -> dict[Candidate, float]:
-    """Each candidate's first rate: START_FRACTION x its throughput with max_num_seqs requests in flight."""
+    """Each candidate's first rate: its throughput with max_num_seqs requests in flight."""
     s = settings
-    log(f"plan: saturated throughput of {len(results)} configurations (the searches start at "
-        f"{START_FRACTION:g} x it)")
+    log(f"plan: saturated throughput of {len(results)} configurations (where their searches start)")
     configs = [config(s, {**r.candidate.assignment(), "num_requests": s.num_requests,
                           "client.max_concurrency": r.candidate.max_num_seqs}, f"plan start ({r.candidate.label})")
                for r in results]
@@ -256,7 +256,7 @@ def saturation_starts(results: list[CandidateResult], settings: PlanSettings, ev
             r.status, r.error = rec["status"], rec.get("error") or ""
             log(f"plan: {r.candidate.label}: {r.status}: {r.error}")
             continue
-        starts[r.candidate] = round_rate(START_FRACTION * rec["summary"]["request_throughput"])
+        starts[r.candidate] = round_rate(rec["summary"]["request_throughput"])
     return starts
 
 

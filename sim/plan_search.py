@@ -6,14 +6,15 @@ measuring latency over its requests minus a warm-up (the first arrivals, which m
 empty engine) and a cool-down (the last, which meet a draining one). The probe is steady
 when every SLO metric moves by at most `stability` x its bound between the two lengths;
 if not, it doubles the longer length until it is, or until `max_requests`. The N-request
-run goes first: one that already breaks an SLO by more than the stability margin fails the
-probe without the longer runs. Otherwise the verdict is
+run goes first: a run that breaks an SLO by more than the stability margin fails the probe
+without the longer runs. Otherwise the verdict is
 the longest run's: every SLO met. A probe that never steadies and whose metric still
 grows by more than the stability margin fails even if the longest run met the bound: a
 queue that keeps growing has no steady state, and a longer run would break the bound.
 
-The search doubles the rate from `start` while probes pass and halves it while they fail,
-until one rate passes and one fails (or it leaves [min_rate, max_rate]); then it bisects
+The search multiplies the rate from `start` while probes pass and divides it while they fail,
+by a factor that squares each step, until one rate passes and one fails (or it leaves
+[min_rate, max_rate]); then it bisects
 geometrically until (fail - pass) / pass <= tolerance. The capacity is the highest rate
 that passed. Rates are rounded to RATE_DIGITS significant digits so that a rerun (and a
 cached probe) lands on the same numbers.
@@ -30,7 +31,7 @@ from sim.plan_slo import Slo
 RATE_DIGITS = 5
 MIN_TOLERANCE = 1e-3  # finer than the rate's rounding and than any simulation's resolution of a rate
 MAX_TOLERANCE = 0.5
-GROWTH = 2.0  # bracketing steps multiply or divide the rate by this
+GROWTH = 2.0  # the first bracketing step from a start the user gave
 
 
 def round_rate(rate: float) -> float:
@@ -60,9 +61,9 @@ class Verdict:
 class Probe:
     """One rate of one configuration: runs at doubling lengths until its SLO metrics are stable.
 
-    The N-request run decides first: if it already breaks an SLO by more than the stability
-    margin the probe fails there (with an empty engine at its start, a longer run only
-    queues more), which spares the longer run for the probes that fail. When cores are idle
+    Each run decides in turn, the shortest first: one that breaks an SLO by more than the
+    stability margin fails the probe there (from an empty engine at its start, a longer run
+    only queues more), which spares the longer runs for the probes that fail. When cores are idle
     the caller may run 2N beside N (`pending(ahead=True)`); the verdict is the same.
     """
 
@@ -82,20 +83,20 @@ class Probe:
     def add(self, num_requests: int, summary: dict[str, Any]) -> None:
         self.runs[num_requests] = summary
         while not self.verdict and all(n in self.runs for n in self._wanted):  # a run fetched ahead may decide more
-            if len(self._wanted) == 1:
-                self._first(self._wanted[0], self.runs[self._wanted[0]])
+            n = self._wanted[-1]
+            if broken := self._broken(self.runs[n]):
+                self.verdict = Verdict(self.rate, False, False, n, self.runs[n], broken,
+                                       f"broke {', '.join(broken)} by more than {self.stability:g} x the bound at {n} "
+                                       "requests", lengths=len(self._wanted))
+            elif len(self._wanted) == 1:
+                self._wanted.append(2 * n)
             else:
                 self._decide()
 
-    def _first(self, n: int, summary: dict[str, Any]) -> None:
-        broken = tuple(s.name for s in self.slos
-                       if s.value(summary) is None or s.value(summary) > (1 + self.stability) * s.bound_s)
-        if broken:
-            self.verdict = Verdict(self.rate, False, False, n, summary, broken,
-                                   f"broke {', '.join(broken)} by more than {self.stability:g} x the bound at {n} "
-                                   "requests", lengths=1)
-        else:
-            self._wanted.append(2 * n)
+    def _broken(self, summary: dict[str, Any]) -> tuple[str, ...]:
+        """SLOs a run breaks by more than the stability margin: no longer run would mend them."""
+        return tuple(s.name for s in self.slos
+                     if s.value(summary) is None or s.value(summary) > (1 + self.stability) * s.bound_s)
 
     def _decide(self) -> None:
         short, long = self._wanted[-2:]
@@ -130,10 +131,13 @@ def _grew(slo: Slo, a: dict[str, Any], b: dict[str, Any]) -> bool:
 # -------------------------------------------------------------------------- search
 @dataclass
 class CapacitySearch:
+    """`step`: the first bracketing factor; each further step squares it (2, 4, 16, ... from a
+    guess, 1.25, 1.56, 2.4, ... from an estimate), so a bad start costs few probes."""
     start: float
     tolerance: float
     min_rate: float
     max_rate: float
+    step: float = GROWTH
     passed: float | None = None  # highest rate that met every SLO
     failed: float | None = None  # lowest rate that did not
     tried: list[float] = field(default_factory=list)
@@ -167,11 +171,13 @@ class CapacitySearch:
             return None
         if self.passed is None and self.failed is None:
             return round_rate(self.start)
+        if self.passed is not None and self.failed is not None:
+            return self._bisect()
+        # Bracketing: every probe so far stepped the same way; the factor squares each step.
+        factor = self.step ** (2 ** (len(self.tried) - 1))
         if self.failed is None:
-            return round_rate(min(self.passed * GROWTH, self.max_rate))
-        if self.passed is None:
-            return round_rate(max(self.failed / GROWTH, self.min_rate))
-        return self._bisect()
+            return round_rate(min(self.passed * factor, self.max_rate))
+        return round_rate(max(self.failed / factor, self.min_rate))
 
     def record(self, rate: float, met: bool) -> None:
         self.tried.append(rate)

@@ -80,12 +80,13 @@ def test_search_finds_the_known_capacity_to_its_tolerance(tmp_path):
     assert best(results).candidate == Candidate("replay", (1, 1, 1), 0.9, 256, 8192)
 
 
-def test_without_a_start_rate_the_search_starts_at_half_the_saturated_throughput(tmp_path):
+def test_without_a_start_rate_the_search_starts_at_the_saturated_throughput(tmp_path):
     results = run_plan(cands(gmus=(0.9,)), settings(start_rate=None, min_rate=None, max_rate=None),
                        Counter(tmp_path), log=lambda line: None)
     for r in results:
         cfg = RunConfig(policy=r.candidate.policy, engine={"gmu": 0.9})
-        assert r.search.tried[0] == pytest.approx(0.5 * saturation(cfg), rel=1e-4)
+        assert r.search.tried[0] == pytest.approx(saturation(cfg), rel=1e-4)
+        assert r.search.tried[1] == pytest.approx(saturation(cfg) / 1.25, rel=1e-4)  # the first step: 1.25
         assert r.search.min_rate == pytest.approx(r.search.start / 1024)
         assert r.status == "found" and r.capacity <= capacity_of(cfg) < r.failing_rate
 
@@ -120,14 +121,14 @@ def test_search_brackets_downward_and_reports_no_rate_met():
     while (rate := search.next_rate()) is not None:
         rates.append(rate)
         search.record(rate, met=False)
-    assert rates == [8.0, 4.0, 2.0, 1.0, 0.5] and search.outcome == "none_met"
+    assert rates == [8.0, 4.0, 1.0, 0.5] and search.outcome == "none_met"  # steps of 2, 4, 16 (clipped)
 
 
 def test_search_stops_at_max_rate_when_every_rate_passes():
     search = CapacitySearch(start=1.0, tolerance=0.05, min_rate=0.5, max_rate=5.0)
     while (rate := search.next_rate()) is not None:
         search.record(rate, met=True)
-    assert search.outcome == "above_max" and search.passed == 5.0 and search.tried == [1.0, 2.0, 4.0, 5.0]
+    assert search.outcome == "above_max" and search.passed == 5.0 and search.tried == [1.0, 2.0, 5.0]
 
 
 @pytest.mark.parametrize("tol", [0.0, 1e-4, 0.9, -0.1])
@@ -172,6 +173,12 @@ def test_a_probe_run_ahead_decides_as_one_run_in_turn():
             for n in reversed(pending):  # the longer run's result first
                 ahead.add(n, {"ttft_p99_s": metric(n), "tpot_mean_s": 0.02})
         assert ahead.verdict == turn.verdict
+
+
+def test_a_longer_run_far_over_its_bound_fails_without_the_longest():
+    probe = run_probe(lambda n: 0.2 if n == 100 else 1.5)  # fine at N, broken by 50% at 2N
+    assert sorted(probe.runs) == [100, 200] and probe.verdict.lengths == 2 and not probe.verdict.met
+    assert "at 200 requests" in probe.verdict.note
 
 
 def test_a_missing_metric_breaks_the_slo():
