@@ -32,8 +32,8 @@ class Spy:
 
 @pytest.fixture
 def chain_spy(monkeypatch):
-    """Counts chain-kernel launches; chains of any length take it (chain_max: all positions)."""
-    monkeypatch.setattr(treewy, "TUNING", dataclasses.replace(treewy.TUNING, chain_max=treewy.MAX_POSITIONS))
+    """Counts chain-kernel launches; the chain verify on, for chains of any length (chain_max: all positions)."""
+    monkeypatch.setattr(treewy, "TUNING", dataclasses.replace(treewy.TUNING, chain=True, chain_max=treewy.MAX_POSITIONS))
     spy = Spy(treewy._chain_kernel)
     monkeypatch.setattr(treewy, "_chain_kernel", spy)
     return spy
@@ -129,7 +129,7 @@ def test_replay_chains_over_flush_cycles(chain_spy, flush_interval):
 
 
 def test_long_chains_keep_the_fused_kernel(chain_spy, monkeypatch):
-    monkeypatch.setattr(treewy, "TUNING", dataclasses.replace(treewy.TUNING, chain_max=8))
+    monkeypatch.setattr(treewy, "TUNING", dataclasses.replace(treewy.TUNING, chain=True, chain_max=8))
     x = random_inputs([chain(9), chain(4)], hk=1, hv=2, dk=16, dv=16, seed=5)
     o_ref, _ = R.recurrence(**x)
     o, _ = reconstruct.verify(**{**x, "state": x["state"].clone()})
@@ -138,3 +138,12 @@ def test_long_chains_keep_the_fused_kernel(chain_spy, monkeypatch):
                           "v": x["v"][:, :8], "g": x["g"][:, :8], "beta": x["beta"][:, :8],
                           "lengths": torch.tensor([8, 4], dtype=torch.int32), "state": x["state"].clone()})
     assert chain_spy.launches == 1
+
+
+def test_chain_verify_is_off_by_default(chain_spy, monkeypatch):
+    """Until the H200 times it, the default tuning verifies chains on the tree kernels."""
+    monkeypatch.setattr(treewy, "TUNING", treewy.Tuning())
+    x = random_inputs([chain(4), chain(4)], hk=1, hv=2, dk=16, dv=16, seed=6)
+    o_ref, _ = R.recurrence(**x)
+    o, _ = reconstruct.verify(**{**x, "state": x["state"].clone()})
+    assert chain_spy.launches == 0 and rel_err(o, o_ref) < TOL[torch.float32]

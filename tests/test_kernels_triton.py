@@ -194,6 +194,8 @@ PATHS = {  # name: (tuning, trees)
     "fused-pack": (Tuning(prep=False), [chain(8), full((2, 2)), star(5), [-1]]),
     "fused-prep": (Tuning(pack=False), [chain(16), preorder(full((2, 2, 2))), star(5), [-1]]),
     "fused-pack-prep": (Tuning(), [chain(8), full((2, 2)), [-1]]),
+    # leaves fill blocks 1-2 of (3,3,3) and star(33), and mix with inner nodes in a preorder (3,3,3)
+    "fused-sparse": (Tuning(sparse=True), [full((3, 3, 3)), star(33), preorder(full((3, 3, 3)))]),
 }
 
 
@@ -206,6 +208,18 @@ def test_reconstruct_paths_forced(monkeypatch, path):
     monkeypatch.setattr(treewy, "TUNING", tuning)
     x = random_inputs(trees, hk=1, hv=2, dk=16, dv=16, seed=12)
     check_policy("reconstruct", x, F32, nodes=[0, 1, 3, 6, 11, 19, 32])
+
+
+def test_sparse_blocks_change_no_output(monkeypatch):
+    """Skipping the mask blocks without ancestors gives the same u and o, bit for bit."""
+    from policies.kernels import treewy
+    x = random_inputs(PATHS["fused-sparse"][1], hk=1, hv=2, dk=16, dv=16, seed=13)
+    out = {}
+    for sparse in (False, True):
+        monkeypatch.setattr(treewy, "TUNING", Tuning(sparse=sparse))
+        o, ctx = reconstruct.verify(**fresh(x))
+        out[sparse] = (o, ctx.u)
+    assert torch.equal(out[True][0], out[False][0]) and torch.equal(out[True][1], out[False][1])
 
 
 @pytest.mark.parametrize("trees", [[chain(4), star(3)], [chain(12), full((2, 2))], [chain(20), [-1]]],

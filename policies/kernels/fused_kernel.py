@@ -14,7 +14,7 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
                   DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                   NSQ: tl.constexpr, PENDING: tl.constexpr, QK16: tl.constexpr, PK16: tl.constexpr,
                   PREC: tl.constexpr, PDOT: tl.constexpr, PACK: tl.constexpr, PREP: tl.constexpr,
-                  S16: tl.constexpr):
+                  S16: tl.constexpr, SPARSE: tl.constexpr):
     """Solve and state pass in one program per (sequence, v-head, v-block), 16 positions at a time.
 
     The tile s = S_0[rv, :] is read once (PENDING: S_old, brought up to date by the previous
@@ -117,9 +117,12 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
             for i in range(0, j):
                 ti = i * BC + rc
                 anc = tl.load(mask_ptr + b * BT * BT + tj[:, None] * BT + ti[None, :]) != 0
-                # The mask is block-sparse (in BFS order the leaves fill the last blocks, and a leaf
-                # is nobody's ancestor): a block without ancestors adds nothing, so is skipped.
-                if tl.max(anc.to(tl.int32)) > 0:
+                # SPARSE: the mask is block-sparse (in BFS order the leaves fill the last blocks, and a
+                # leaf is nobody's ancestor); a block without ancestors adds nothing, so is skipped.
+                go = True
+                if SPARSE:
+                    go = tl.max(anc.to(tl.int32)) > 0
+                if go:
                     ki = tl.load(k_ptr + ((b * T + ti[:, None]) * Hk + hk) * DK + rk[None, :],
                                  mask=(ti < n)[:, None], other=0.0).to(tl.float32)
                     gi = tl.load(gc_ptr + (b * T + ti) * Hv + h, mask=ti < n, other=0.0)
@@ -135,7 +138,10 @@ def _fused_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, mask_ptr, gc_ptr, le
             dec = tl.where(anc, tl.exp(gj[:, None] - gj[None, :]), 0.0)
             uj = rhs
             if NSQ > 0:
-                if tl.max((anc & lower).to(tl.int32)) > 0:  # a block of leaves (no strict ancestors): U = R
+                go = True
+                if SPARSE:  # a block of leaves (no strict ancestors in it): U = R
+                    go = tl.max((anc & lower).to(tl.int32)) > 0
+                if go:
                     lp = tl.where(lower, bj[:, None] * dec * _dot(kj, tl.trans(kj), QK16, QK16, PREC), 0.0)
                     uj = rhs - _dot(lp, rhs, False, False, PREC)
                     for _ in tl.static_range(NSQ - 1):

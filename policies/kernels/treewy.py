@@ -232,6 +232,7 @@ def state_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Te
                                               QK16=_bf16(q, k), PK16=_bf16(pd.pk), PREC=t.prec,
                                               PDOT=t.pending == "dot", PACK=packed,
                                               PREP=prep is not None, S16=state.dtype == torch.bfloat16,
+                                              SPARSE=t.sparse,
                                               num_warps=warps, num_stages=t.verify_stages, **t.launch(nreg))
         return o, u
     BV = block_v(DV)

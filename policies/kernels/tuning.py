@@ -65,14 +65,20 @@ class Tuning:
     prec: str = "bf16x3"
     # Chains (every parent[t] = t - 1, declared by the caller) of at most chain_max positions (replay:
     # cache slots included) verify in recurrent form (`_chain_kernel`): chain_bv state rows per program,
-    # chain_warps warps (vLLM's decode kernel: 32 rows, 4 warps; fla's fused_recurrent: 8 rows, 1 warp).
-    # The walk costs a few float32 passes over the tile per position where the fused kernel's 16-position
-    # blocks run on the tensor cores (fla's recurrence at B = 128: 178 us at T = 4, 518 at T = 16), so
-    # long chains keep the fused kernel. chain=False: every chain takes the tree kernels above.
-    chain: bool = True
+    # chain_warps warps. The walk costs a few float32 passes over the tile per position where the fused
+    # kernel's 16-position blocks run on the tensor cores (fla's recurrence at B = 128: 178 us at T = 4,
+    # 518 at T = 16), so long chains keep the fused kernel. 8 rows and 1 warp (fla's fused_recurrent
+    # shape): compiled for sm_90, its loop issues 400 warp instructions per position for 1,024 state
+    # values, 32 x 4 (vLLM's decode kernel's) 1,277 and 16 x 2 651 (PROFILE.md). Off by default until
+    # the H200 times it (kernels.csv prices the kernels above): the variants "chain*" time it.
+    chain: bool = False
     chain_max: int = 8
-    chain_bv: int = 32
-    chain_warps: int = 4
+    chain_bv: int = 8
+    chain_warps: int = 1
+    # sparse: the fused verify's block loop skips ancestor-mask blocks with no ancestor (in BFS order a
+    # wide tree's leaves fill its last blocks, and a leaf is nobody's ancestor) and the in-block solve of
+    # a block of leaves; the same outputs. Off by default until timed (variant "sparse").
+    sparse: bool = False
 
     def __post_init__(self) -> None:
         if self.verify not in VERIFY_KINDS:
