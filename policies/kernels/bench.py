@@ -194,9 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         w = csv.DictWriter(fh, fieldnames=FIELDS)
         w.writeheader()
         if "none" in policies:  # the no-speculation baseline first: cheap, and every B of it
-            rows, prov["none"] = none_rows(none_cases(dtypes, (128, 1) if args.quick else batches,
-                                                      ("qwen3.5-35b-a3b",) if args.quick else models), copy_bw, modes, deadline,
-                                           f"time budget {args.budget_s:.0f} s")
+            nc = none_cases(dtypes, (128, 1) if args.quick else batches, ("qwen3.5-35b-a3b",) if args.quick else models)
+            rows, prov["none"] = none_rows(nc, copy_bw, modes, deadline, f"time budget {args.budget_s:.0f} s")
             skipped += prov["none"].get("skipped", []) or ([] if rows else [f"none: {prov['none'].get('reason')}"])
             for r in rows:
                 w.writerow(r)

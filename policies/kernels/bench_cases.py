@@ -33,6 +33,9 @@ TREES = {"1,1,1": (1, 1, 1), "1,1,1,1,1,1,1": (1,) * 7, "2,2,2": (2, 2, 2), "3,3
 CHAINS = (2, 16, 32, 64)      # extra chains (positions T), beside (1,1,1) = 4 and (1,)*7 = 8
 # "none": no speculation, one token a step (bench_fla.none_rows: the kernel vLLM runs for it).
 POLICIES = ("store_all", "reconstruct", "replay", "reconstruct_deferred", "none")
+# Policies whose verify takes `chain` (the recurrent verify of chains; the bench verifies with check=False,
+# so it says which trees are chains).
+CHAIN_POLICIES = ("reconstruct", "reconstruct_deferred", "replay")
 STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # --reference-store-all: store_all timed beside a filtered run at these (model, tree, B)
 STORE_ALL_REFERENCE = {("qwen3.5-35b-a3b", "1,1,1", 64), ("qwen3.5-35b-a3b", "1,1,1", 128),

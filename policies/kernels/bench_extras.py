@@ -1,4 +1,5 @@
-"""What the kernel benchmark records beside its main table: reconstruct kernel by kernel, tuning variants, the environment, the closing summary."""
+"""What the kernel benchmark records beside its main table: reconstruct kernel by kernel, tuning variants,
+the environment, the closing summary."""
 from __future__ import annotations
 
 import argparse

@@ -15,8 +15,8 @@ import torch
 import triton
 
 from policies.kernels import reconstruct
-from policies.kernels.bench_cases import (BATCHES, COLD_BYTES, MAX_COPIES, Case, DEVICE, MODELS, REHEARSAL, policy_bytes,
-                                          sizes)
+from policies.kernels.bench_cases import (BATCHES, COLD_BYTES, MAX_COPIES, Case, DEVICE, MODELS, REHEARSAL,
+                                          policy_bytes, sizes)
 from policies.kernels.bench_policy import make_copy
 from policies.kernels.bench_timing import recover, sync, time_eager, time_graph
 from policies.kernels.inputs import chain, rel_err
@@ -100,7 +100,8 @@ def none_rows(cs: list[Case], copy_bw: float, modes: tuple[str, ...], deadline: 
         import fla
     except Exception as exc:  # an outside package: its absence is reported, not fatal
         return [], {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
-    info: dict = {"available": True, "version": fla.__version__, "kernel": "fused_recurrent_gated_delta_rule_fwd_kernel",
+    info: dict = {"available": True, "version": fla.__version__,
+                  "kernel": "fused_recurrent_gated_delta_rule_fwd_kernel",
                   "launch": {k: {"state_rows": bv, "warps": w} for k, (bv, w) in DECODE_SHAPES.items()},
                   "checks": [], "fla_shape_us": [], "skipped": []}
     rows = []

@@ -7,8 +7,9 @@ import math
 import torch
 
 from policies.kernels import reconstruct, reconstruct_deferred, replay, store_all
-from policies.kernels.bench_cases import (COLD_BYTES, Case, D, DEVICE, FLUSH_INTERVAL, MAX_COPIES, MAX_FOOTPRINT,
-                                          POLICIES, REHEARSAL, STATE_DTYPES, STORE_ALL_REFERENCE, policy_bytes)
+from policies.kernels.bench_cases import (CHAIN_POLICIES, COLD_BYTES, Case, D, DEVICE, FLUSH_INTERVAL, MAX_COPIES,
+                                          MAX_FOOTPRINT, POLICIES, REHEARSAL, STATE_DTYPES, STORE_ALL_REFERENCE,
+                                          policy_bytes)
 from policies.kernels.bench_timing import allocated, sync, time_eager, time_graph
 from policies.kernels.treewy import MAX_POSITIONS
 
@@ -77,8 +78,7 @@ def run_policy(c: Case, policy: str, replayed: int, flush: bool, copy_bw: float,
     # Extra memory of one step (persistent replay cache included): allocator peak over the inputs.
     if not REHEARSAL:
         torch.cuda.reset_peak_memory_stats()
-    # reconstruct's and reconstruct_deferred's verifies are told a chain is one (check=False reads nothing)
-    hint = {"chain": c.is_chain} if policy in ("reconstruct", "reconstruct_deferred") else {}
+    hint = {"chain": c.is_chain} if policy in CHAIN_POLICIES else {}  # check=False reads no parents
     o, ctx = mod.verify(**{**xs[0], "state": state_arg(0)}, check=False, **hint)
     set_phase(0)
     mod.commit(ctx, acc, check=False)

@@ -102,7 +102,7 @@ def _run_case(args: argparse.Namespace) -> None:
     import torch
 
     from policies.kernels import replay, reconstruct_deferred, treewy
-    from policies.kernels.bench_cases import DEVICE, MODELS, TREES, Case
+    from policies.kernels.bench_cases import CHAIN_POLICIES, DEVICE, MODELS, TREES, Case
     from policies.kernels.bench_policy import make_copy
     from policies.kernels.bench_timing import sync
     from policies.kernels.inputs import chain, full
@@ -120,7 +120,7 @@ def _run_case(args: argparse.Namespace) -> None:
         x["state"] = reconstruct_deferred.DeferredState.start(x["state"], max_path=c.depth + 1, hk=hk)
     mod = importlib.import_module(f"policies.kernels.{args.policy}")
     acc = torch.full((c.B,), c.T - 1, dtype=torch.int32, device=DEVICE)
-    hint = {"chain": c.is_chain} if args.policy in ("reconstruct", "reconstruct_deferred") else {}
+    hint = {"chain": c.is_chain} if args.policy in CHAIN_POLICIES else {}
     for _ in range(2):  # ncu skips the first step; reconstruct_deferred's second applies a full pending path
         mod.commit(mod.verify(**x, check=False, **hint)[1], acc, check=False)
     sync()

@@ -39,7 +39,8 @@ def loops(sass: str) -> list[tuple[str, Counter]]:
         target = BRANCH.search(line)
         if m.group(1) == "BRA" and target and target.group(1) in labels:
             back[target.group(1)] = len(ops)
-    return [(label, Counter(ops[labels[label]:stop])) for label, stop in sorted(back.items(), key=lambda x: labels[x[0]])]
+    order = sorted(back, key=labels.get)
+    return [(label, Counter(ops[labels[label]:back[label]])) for label in order]
 
 
 def compile_chain(bv: int, warps: int, state_dtype: str, pending: bool) -> str:
