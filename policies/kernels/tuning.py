@@ -68,8 +68,8 @@ class Tuning:
     # chain_warps warps. The walk costs a few float32 passes over the tile per position where the fused
     # kernel's 16-position blocks run on the tensor cores (fla's recurrence at B = 128: 178 us at T = 4,
     # 518 at T = 16), so long chains keep the fused kernel. 8 rows and 1 warp (fla's fused_recurrent
-    # shape): compiled for sm_90, its loop issues 400 warp instructions per position for 1,024 state
-    # values, 32 x 4 (vLLM's decode kernel's) 1,277 and 16 x 2 651 (PROFILE.md). Off by default until
+    # shape): compiled for sm_90, its loop issues 427 warp instructions per position for 1,024 state
+    # values, 32 x 4 (vLLM's decode kernel's) 1,307 and 16 x 2 674 (PROFILE.md). Off by default until
     # the H200 times it (kernels.csv prices the kernels above): the variants "chain*" time it.
     chain: bool = False
     chain_max: int = 8
