@@ -83,32 +83,33 @@ def expected_accepted_len(thresholds: Sequence[float]) -> float:
 
 
 class AcceptanceStream:
-    """One request's seeded uniforms, consumed D per verify step."""
+    """One request's seeded uniforms, consumed D per verify step; the accepted counts of
+    UNIFORM_BLOCK steps are worked out at once from each block of uniforms."""
 
-    __slots__ = ("_rng", "_buf", "_pos", "thresholds", "depth")
+    __slots__ = ("_rng", "_counts", "_pos", "thresholds", "depth")
 
     def __init__(self, seed: int, request_id: int, thresholds: tuple[float, ...]) -> None:
         self._rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, request_id])))
         self.thresholds = thresholds
         self.depth = len(thresholds)
-        self._buf: list[float] = []
+        self._counts: list[int] = []
         self._pos = 0
 
     def accepted_drafts(self) -> int:
         """Drafts accepted along the tree's best path this verify step (0..D)."""
-        d = self.depth
-        if self._pos + d > len(self._buf):
-            self._buf = self._rng.random(d * UNIFORM_BLOCK).tolist()
-            self._pos = 0
-        u = self._buf
         i = self._pos
-        self._pos = i + d
-        a = 0
-        for p in self.thresholds:
-            if u[i + a] >= p:
-                break
-            a += 1
-        return a
+        if i == len(self._counts):
+            self._counts = self._block()
+            i = 0
+        self._pos = i + 1
+        return self._counts[i]
+
+    def _block(self) -> list[int]:
+        # Depth d is accepted iff its uniform is below P(rank < w_d) and every depth before it was:
+        # the count of leading accepts in each row of D uniforms.
+        u = self._rng.random(self.depth * UNIFORM_BLOCK).reshape(UNIFORM_BLOCK, self.depth)
+        accept = u < np.asarray(self.thresholds)
+        return np.logical_and.accumulate(accept, axis=1).sum(axis=1).tolist()
 
 
 class AcceptanceModel:

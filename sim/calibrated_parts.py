@@ -35,7 +35,10 @@ class CalibratedParts:
         if self.pricing not in PRICINGS:
             raise ValueError(f"engine.latency_pricing must be one of {', '.join(PRICINGS)}, got {self.pricing!r}")
         self.async_scheduling = engine_cfg.async_scheduling
-        self.layer_kinds = tuple(model.layer_pattern) * (model.num_layers // len(model.layer_pattern))
+        # The layers repeat one pattern (e.g. three GDN layers, then attention): an op list is
+        # one period's ops, repeated.
+        self.layer_pattern = tuple(model.layer_pattern)
+        self.layer_repeats = model.num_layers // len(model.layer_pattern)
         self.tables = tables
         self.kernels = kernels
         self.decode_conv = decode_conv

@@ -58,13 +58,20 @@ def dispatch(query_lens: Sequence[int], decoding: Sequence[bool], uniform_query_
         raise ValueError(f"{len(query_lens)} query lengths for {len(decoding)} decoding flags")
     if not query_lens:
         raise ValueError("a step needs at least one request")
-    tokens = sum(query_lens)
+    return dispatch_counts(sum(query_lens), len(query_lens), sum(decoding),
+                           all(n == uniform_query_len for n in query_lens), sizes, full_graph_ok)
+
+
+def dispatch_counts(tokens: int, num_seqs: int, decode_seqs: int, uniform: bool, sizes: Sequence[int],
+                    full_graph_ok: bool = True) -> Dispatch:
+    """`dispatch` from the step's totals: `uniform` when every request's query length is the
+    uniform decode's."""
     i = bisect_left(sizes, tokens)
     padded = sizes[i] if i < len(sizes) else tokens
     fits = i < len(sizes)
-    if not any(decoding):
+    if not decode_seqs:
         return Dispatch("prefill_only", "piecewise" if fits else "eager", padded)
-    if all(decoding) and all(n == uniform_query_len for n in query_lens):
+    if decode_seqs == num_seqs and uniform:
         mode = ("full" if full_graph_ok else "piecewise") if fits else "eager"
         return Dispatch("uniform_decode", mode, padded)
     return Dispatch("mixed_graph", "piecewise", padded) if fits else Dispatch("mixed_eager", "eager", padded)

@@ -49,8 +49,10 @@ class EngineResult:
 
 class Engine:
     def __init__(self, env: simpy.Environment, scheduler: Scheduler, latency: LatencyModel, policy: CommitPolicy,
-                 steps: StepLog) -> None:
+                 steps: StepLog, acceptance: AcceptanceModel | None) -> None:
+        """`acceptance`: the draws of a speculating run (None without speculation)."""
         self.env = env
+        self.acceptance = acceptance
         self.scheduler = scheduler
         self.latency = latency
         self.policy = policy
@@ -73,6 +75,10 @@ class Engine:
             if self.steps.trace:
                 self.steps.events.append((self.env.now, "reject", req.rid))
             return False
+        # Its acceptance stream and the policy's bookkeeping live while it is in the engine.
+        if self.acceptance is not None:
+            req.acceptance = self.acceptance.stream(req.rid, req.category)
+        req.commit_state = self.policy.request_state()
         self.scheduler.add(req, self.env.now)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
@@ -173,6 +179,9 @@ class Engine:
     def _complete(self, plan: StepPlan, now: float) -> None:
         """The step's outputs to the scheduler; finished requests back to the client."""
         for req in self.scheduler.update_from_output(plan, self._execute(plan), now):
+            # A finished request keeps what the metrics read, and the few counters of its policy
+            # state that a plan already made for it (async scheduling) still prices.
+            req.acceptance = None
             if self.steps.trace:
                 self.steps.events.append((now, "finish", req.rid))
             self.on_done(req)
@@ -220,11 +229,9 @@ def run_engine(specs: Sequence[RequestSpec], *, pool: Pool, policy: CommitPolicy
         align_tokens=align,
     )
     steps = StepLog(trace)
-    sim = Engine(env, scheduler, latency, policy, steps)
+    sim = Engine(env, scheduler, latency, policy, steps, acceptance if spec_on else None)
     times = [0.0] * len(specs) if arrivals is None else [float(t) for t in arrivals]
-    requests = [Request(s, t, acceptance.stream(s.request_id, s.category) if spec_on else None,
-                        policy.request_state())
-                for s, t in zip(specs, times)]
+    requests = [Request(s, t) for s, t in zip(specs, times)]
     client = Client(env, requests, max_concurrency, sim.submit, round_trip_s)
     sim.on_done = client.on_done
     env.process(client.arrivals())

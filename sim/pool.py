@@ -36,6 +36,11 @@ class Pool:
         """Units one request holds with `tokens` in its KV cache, state included."""
         return self.attn_units(tokens) + self.state_units
 
+    def tokens_held(self, units: int) -> int:
+        """The most tokens `units` (a `units_for` result) hold: the scheduler asks for more
+        units only when a request grows past it."""
+        raise NotImplementedError
+
     def take(self, n: int) -> None:
         if n > self.free:
             raise RuntimeError(f"pool over-allocated: asked {n}, {self.free} free of {self.capacity}")
@@ -67,6 +72,10 @@ class PagedPool(Pool):
     def attn_units(self, tokens: int) -> int:
         return self.layout.attn_blocks(tokens)
 
+    def tokens_held(self, units: int) -> int:
+        layout = self.layout
+        return (units - self.state_units) // layout.attn_groups * layout.attn_block_tokens
+
 
 class IdealPool(Pool):
     """Byte-granular: a request holds exactly its KV bytes and state bytes (what alignment costs)."""
@@ -80,6 +89,9 @@ class IdealPool(Pool):
 
     def attn_units(self, tokens: int) -> int:
         return tokens * self.token_bytes
+
+    def tokens_held(self, units: int) -> int:
+        return (units - self.state_units) // self.token_bytes
 
 
 def check_one_request_fits(pool: Pool, max_model_len: int, tree: str) -> None:

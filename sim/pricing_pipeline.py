@@ -24,6 +24,7 @@ step_finish and launch stalls), so the terms still sum to the step time.
 """
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import NamedTuple
 
 from sim.calibrated_parts import CalibratedParts
@@ -96,7 +97,7 @@ class PipelinePricing:
         gdn_dense, attn_dense, moe = lat.token_part_us("gdn", g, N), lat.token_part_us("attn_proj", g, N), \
             lat.moe_us(g, N)
         ar = 2 * lat.allreduce_s(N) / US
-        verify, commit = self._gdn_decode_us(b)
+        verify, commit = self.gdn_decode_us(b)
         prefill = self._gdn_prefill_us(b)
         rows = b.decode_tokens + P  # logits rows: every verify position, each prefill's last token
         lm = lat.token_part_us("lm_head", g, rows)
@@ -126,23 +127,26 @@ class PipelinePricing:
             if P:
                 core["gdn"].append(PipelineOp(host.us("gdn_prefill", P), prefill, 0, 0))
             dense = {"gdn": gdn_dense, "attn": attn_dense}
+            period: list[PipelineOp] = []
             if mode == "piecewise":
                 piece = host.us("piece_graph", N)
-                for kind in lat.layer_kinds:
-                    ops.append(PipelineOp(piece, dense[kind] + moe + ar, 0, 0))
-                    ops += core[kind]
+                for kind in lat.layer_pattern:
+                    period.append(PipelineOp(piece, dense[kind] + moe + ar, 0, 0))
+                    period += core[kind]
+                ops += period * lat.layer_repeats
                 ops.append(PipelineOp(piece, 0.0, 0, 0))  # final norm: the last piece
             else:
                 issue = {"gdn": host.us("eager_dense_gdn", n), "attn": host.us("eager_dense_attn", n)}
                 moe_issue = host.us("eager_moe", n)
-                for kind in lat.layer_kinds:
-                    ops.append(PipelineOp(issue[kind], dense[kind] + ar / 2, 0, 0))
-                    ops += core[kind]
-                    ops.append(PipelineOp(moe_issue, moe + ar / 2, 0, 0))
+                for kind in lat.layer_pattern:
+                    period.append(PipelineOp(issue[kind], dense[kind] + ar / 2, 0, 0))
+                    period += core[kind]
+                    period.append(PipelineOp(moe_issue, moe + ar / 2, 0, 0))
+                ops += period * lat.layer_repeats
         ops.append(PipelineOp(host.us("sample", rows), lm, 0, 0))
         ops += [PipelineOp(host.us("drafter_pass", t), gpu + 2 * lat.allreduce_s(t) / US, i, 1)
                 for i, (t, gpu) in enumerate(passes)]
-        return ShapeParts(us, ops, sum(op.host_us for op in ops), widths, host.us("step_prepare", R),
+        return ShapeParts(us, ops, sum(map(itemgetter(0), ops)), widths, host.us("step_prepare", R),
                           host.us("step_finish", R))
 
     def _attention_core_us(self, b: StepBatch, seqs: int, dec_tokens: int,
@@ -160,7 +164,7 @@ class PipelinePricing:
             t += lat.derived_factor(tokens) * prefill.partial(tokens)(ctx)
         return t
 
-    def _gdn_decode_us(self, b: StepBatch) -> tuple[float, float]:
+    def gdn_decode_us(self, b: StepBatch) -> tuple[float, float]:
         """(verify, commit) GPU time of one GDN layer for the decoding requests."""
         if not b.decode_seqs:
             return 0.0, 0.0

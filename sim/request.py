@@ -35,14 +35,13 @@ class Request:
     __slots__ = (
         "spec", "rid", "prompt", "output", "category",
         "arrival_s", "send_s", "status", "reject_reason",
-        "computed", "generated", "units", "has_draft", "inflight",
+        "computed", "generated", "units", "units_tokens", "has_draft", "inflight",
         "preemptions", "enqueued_s", "waiting_s", "waited_for_memory", "memory_epoch",
         "first_scheduled_s", "first_token_s", "finish_s", "token_times",
         "spec_steps", "spec_tokens", "acceptance", "commit_state",
     )
 
-    def __init__(self, spec: RequestSpec, arrival_s: float, acceptance: "AcceptanceStream | None",
-                 commit_state: "RequestCommitState | None" = None) -> None:
+    def __init__(self, spec: RequestSpec, arrival_s: float) -> None:
         self.spec = spec
         self.rid = spec.request_id
         self.prompt = spec.prompt_tokens
@@ -55,6 +54,7 @@ class Request:
         self.computed = 0  # tokens in the KV cache / folded into the GDN state
         self.generated = 0  # output tokens emitted
         self.units = 0  # pool units held (blocks, or bytes for the ideal allocator)
+        self.units_tokens = -1  # the most tokens those units hold (Pool.tokens_held); -1: none held
         self.has_draft = False  # the drafter ran after this request's last sample
         self.inflight = 0  # tokens scheduled in steps whose outputs are not processed yet (async scheduling)
         self.preemptions = 0
@@ -68,8 +68,8 @@ class Request:
         self.token_times: list[float] = []  # one entry per emission (a verify step emitting 3 tokens is one)
         self.spec_steps = 0  # verify steps
         self.spec_tokens = 0  # tokens those steps accepted, bonus included (before output truncation)
-        self.acceptance = acceptance
-        self.commit_state = commit_state  # the policy's bookkeeping between verifies (replay's input cache)
+        self.acceptance: "AcceptanceStream | None" = None  # its draws while in the engine (a speculating run)
+        self.commit_state: "RequestCommitState | None" = None  # the policy's bookkeeping between verifies
 
     @property
     def num_tokens(self) -> int:

@@ -112,18 +112,20 @@ class Scheduler:
         vp = self.verify_positions
         la = self.lookahead
         running = self.running
+        scheduled_reqs = plan.scheduled
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
             computed = req.computed + req.inflight  # vLLM's num_computed_tokens
-            if req.inflight and computed >= req.num_tokens:
+            num_tokens = req.prompt + req.generated
+            if req.inflight and computed >= num_tokens:
                 # Its in-flight step samples and its output is not known yet.
                 if req.generated + 1 >= req.output:
                     i += 1  # that step surely finishes it: no extra step
                     continue
                 remaining, draft = 1, True  # the in-flight step's drafter fills the placeholders
             else:
-                remaining, draft = req.num_tokens - computed, req.has_draft and not self.async_scheduling
+                remaining, draft = num_tokens - computed, req.has_draft and not self.async_scheduling
             spec = False
             if remaining == 1 and draft and vp > 1:
                 if vp <= budget:
@@ -138,21 +140,25 @@ class Scheduler:
                 if n == 0:
                     i += 1  # align mode: no aligned chunk fits the budget left; later requests may
                     continue
-            need = pool.units_for(computed + n + la) - req.units
-            scheduled = True
-            while need > pool.free:
-                victim = running.pop()
-                self._preempt(victim, now)
-                plan.preempted.append(victim)
-                if victim is req:
-                    scheduled = False
+            total = computed + n + la
+            if total > req.units_tokens:  # past what its blocks hold: it needs more
+                need = pool.units_for(total) - req.units
+                scheduled = True
+                while need > pool.free:
+                    victim = running.pop()
+                    self._preempt(victim, now)
+                    plan.preempted.append(victim)
+                    if victim is req:
+                        scheduled = False
+                        break
+                if not scheduled:
                     break
-            if not scheduled:
-                break
-            if need > 0:
-                pool.take(need)
-                req.units += need
-            self._add(plan, req, computed, n, spec)
+                if need > 0:
+                    pool.take(need)
+                    req.units += need
+                    req.units_tokens = pool.tokens_held(req.units)
+            scheduled_reqs[req.rid] = ScheduledRequest(req, n, spec, spec or computed + n >= num_tokens)
+            req.inflight += n
             budget -= n
             i += 1
 
@@ -174,6 +180,7 @@ class Scheduler:
                 break
             pool.take(need)
             req.units = need
+            req.units_tokens = pool.tokens_held(need)
             waiting.popleft()
             req.status = Status.RUNNING
             req.waiting_s += now - req.enqueued_s
@@ -183,7 +190,8 @@ class Scheduler:
                 req.first_scheduled_s = now
             running.append(req)
             plan.admitted.append(req)
-            self._add(plan, req, 0, n, False)
+            scheduled_reqs[req.rid] = ScheduledRequest(req, n, False, n >= total)
+            req.inflight += n
             budget -= n
         return plan
 
@@ -202,14 +210,10 @@ class Scheduler:
             return last - computed  # stop on the last boundary so its state is cached
         return n  # the tail after the last boundary
 
-    @staticmethod
-    def _add(plan: StepPlan, req: Request, computed: int, n: int, spec: bool) -> None:
-        plan.scheduled[req.rid] = ScheduledRequest(req, n, spec, spec or computed + n >= req.num_tokens)
-        req.inflight += n
-
     def _preempt(self, req: Request, now: float) -> None:
         self.pool.give(req.units)
         req.units = 0
+        req.units_tokens = -1
         req.computed = 0
         req.inflight = 0  # an in-flight step still delivers its sampled tokens; its KV is recomputed
         req.has_draft = False
@@ -281,4 +285,4 @@ class Scheduler:
         if req.status is Status.WAITING:
             self.waiting.remove(req)
         self.pool.give(req.units)
-        req.units = 0
+        req.units, req.units_tokens = 0, -1

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 from core.config import EngineConfig, ModelConfig
 from core.files import atomic_write_text
 from policies import CommitPolicy
-from sim.dispatch import STEP_KINDS, capture_sizes, dispatch
+from sim.dispatch import STEP_KINDS, capture_sizes, dispatch_counts
 from sim.latency import StepBatch
 
 MAGIC = "# specsim-steps v1 "
@@ -95,13 +95,13 @@ def assemble_batch(reqs: Iterable[BatchRequest], *, verify_positions: int, draft
     """The StepBatch of one step's scheduled requests, dispatched by vLLM's rules
     (`requests`: the same requests in detail, kept in the batch when tracing)."""
     prefill_tokens = prefill_seqs = decode_seqs = spec_seqs = replay_tokens = flush_seqs = truncated = 0
-    context_tokens = max_context = 0
+    context_tokens = max_context = tokens = num_seqs = 0
+    uniform_len = verify_positions if draft_depth else 1
+    uniform = True  # every decoding request runs the uniform decode's query length
     chunks: list[tuple[int, int]] = []
-    query_lens: list[int] = []
-    decoding: list[bool] = []
     for n, ctx, dec, spec, replayed, flush in reqs:
-        query_lens.append(n)
-        decoding.append(dec)
+        num_seqs += 1
+        tokens += n
         context_tokens += ctx
         if ctx > max_context:
             max_context = ctx
@@ -111,14 +111,18 @@ def assemble_batch(reqs: Iterable[BatchRequest], *, verify_positions: int, draft
             chunks.append((n, ctx))
             continue
         decode_seqs += 1
+        if n != uniform_len:
+            uniform = False
         if spec:
             spec_seqs += 1
             truncated += verify_positions - n
             replay_tokens += replayed
             flush_seqs += flush
-    d = dispatch(query_lens, decoding, verify_positions if draft_depth else 1, sizes, full_graph_ok)
+    if not num_seqs:
+        raise ValueError("a step needs at least one request")
+    d = dispatch_counts(tokens, num_seqs, decode_seqs, uniform, sizes, full_graph_ok)
     return StepBatch(
-        num_seqs=len(query_lens), prefill_tokens=prefill_tokens, prefill_seqs=prefill_seqs, decode_seqs=decode_seqs,
+        num_seqs=num_seqs, prefill_tokens=prefill_tokens, prefill_seqs=prefill_seqs, decode_seqs=decode_seqs,
         spec_seqs=spec_seqs, verify_positions=verify_positions, context_tokens=context_tokens,
         max_context=max_context, eager=d.mode != "full", replay_tokens=replay_tokens, flush_seqs=flush_seqs,
         draft_depth=draft_depth, truncated=truncated, kind=d.kind, mode=d.mode, padded_tokens=d.padded_tokens,

@@ -10,7 +10,8 @@ from sim.budget import block_layout, served_model
 from sim.cli import main as cli
 from sim.dispatch import capture_sizes
 from sim.latency_analytic import AnalyticLatencyModel
-from sim.latency_calibrated import CalibratedLatencyModel, load_kernels
+from sim.kernel_rows import load_kernels
+from sim.latency_calibrated import CalibratedLatencyModel
 from sim.run import simulate
 from sim.speculation import resolve_speculation, speculating_model
 from sim.step_trace import assemble_batch
@@ -93,7 +94,7 @@ def test_latency_model_reads_the_one_token_rows():
     lm.kernels = kernels
     b = assemble_batch([(1, 1000, True, False, 0, True)] * 8, verify_positions=1, draft_depth=0,
                        sizes=capture_sizes(1024, 8192, 1), full_graph_ok=True)
-    verify, commit = lm._gdn_decode_us(b)
+    verify, commit = lm.pricer.gdn_decode_us(b)
     conv = lm.decode_conv(b.decode_tokens) if lm.decode_conv is not None else 0.0
     assert verify == pytest.approx(20.0 + conv) and commit == 0.0
 
