@@ -126,13 +126,19 @@ def provenance(docs: Path) -> str:
 
 
 def models(docs: Path) -> str:
-    """Each model config: its feed-forward block, TP size, and what prices its steps on the H200 (the
-    latency model a store_all run builds from the committed tables)."""
+    """Each model config: its feed-forward block, TP size, what prices its steps on the H200 (the latency
+    model a store_all run builds from the committed tables) and how far `make validate` put it from the
+    published vLLM runs of it (docs/validation/validation.csv)."""
     from core.config import EngineConfig, load_hardware, load_model, load_policy, model_names
     from policies import make_policy
     from sim.latency_factory import make_latency_model
+    from sim.validate import DEFAULT_REAL
+    from sim.validate_cases import load_cases
 
     hw = load_hardware("h200")
+    path = docs / VALIDATION / "validation.csv"
+    runs = pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=["case", "metric", "ratio"])
+    model_of = {c.name: c.model for _, c in load_cases(DEFAULT_REAL)}
     rows = []
     for name in model_names():
         m = load_model(name)
@@ -143,7 +149,16 @@ def models(docs: Path) -> str:
         other = ", ".join(f"{t} {v}" for t, v in src.items() if v != "calibrated")
         priced = ("analytic (no tables)" if set(src.values()) == {"analytic"} else
                   "calibrated" + (f" except {other}" if other else ""))
-        rows.append({"model": f"`{name}`", "feed-forward": ffn, "TP": m.tensor_parallel, "H200 step times": priced})
+        mine = runs[runs["case"].map(model_of.get) == name]
+        checks = []
+        for metric, label in (("output_throughput_tok_s", "output tok/s"), ("tpot_mean_ms", "mean TPOT")):
+            ratio = mine.loc[mine["metric"] == metric, "ratio"]
+            if len(ratio):
+                checks.append(f"{label} {ratio.min():.2f}-{ratio.max():.2f}x")
+        cases = mine["case"].nunique()
+        rows.append({"model": f"`{name}`", "feed-forward": ffn, "TP": m.tensor_parallel, "H200 step times": priced,
+                     "published vLLM runs (simulated / published)":
+                         f"{cases} cases: " + ", ".join(checks) if cases else "none modelled yet"})
     return md_table(pd.DataFrame(rows))
 
 
