@@ -20,6 +20,7 @@ work that overlaps it when that is longer): docs/engine.md says what overlaps.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
@@ -45,6 +46,7 @@ class EngineResult:
     duration_s: float
     pool: Pool
     semantics: dict[str, object]  # the engine behaviours this run used (docs/engine.md), for the summary
+    wall_s: float = 0.0  # host time the event loop took (sim.bench; in no output file)
 
 
 class Engine:
@@ -105,6 +107,7 @@ class Engine:
             for k, v in st.terms.items():
                 term_sums[k] += v
             log.durations.append(dt)
+            log.request_steps += len(plan.scheduled)
             log.usage.append(sched.pool.usage)
             if batch.eager:
                 log.eager_steps += 1
@@ -236,7 +239,9 @@ def run_engine(specs: Sequence[RequestSpec], *, pool: Pool, policy: CommitPolicy
     sim.on_done = client.on_done
     env.process(client.arrivals())
     env.process(sim.run())
+    start = time.perf_counter()
     env.run()
+    wall_s = time.perf_counter() - start
     unfinished = [r for r in requests if r.status not in (Status.FINISHED, Status.REJECTED)]
     if unfinished:
         raise RuntimeError(f"simulation ended with {len(unfinished)} unfinished requests, e.g. {unfinished[0]}")
@@ -244,4 +249,4 @@ def run_engine(specs: Sequence[RequestSpec], *, pool: Pool, policy: CommitPolicy
     end = max((r.finish_s if r.finish_s is not None else r.send_s or 0.0 for r in requests), default=0.0)
     semantics = {"async_scheduling": engine.async_scheduling, "truncate_drafts": scheduler.truncate_drafts,
                  "mamba_cache_mode": mamba_mode, "align_block_tokens": align, "client_round_trip_s": round_trip_s}
-    return EngineResult(requests, steps, end, pool, semantics)
+    return EngineResult(requests, steps, end, pool, semantics, wall_s)

@@ -38,6 +38,7 @@ class StepLog:
         self.usage: list[float] = []
         self.term_sums = dict.fromkeys(TERMS, 0.0)
         self.eager_steps = 0
+        self.request_steps = 0  # requests scheduled, summed over steps
         self.rows: list[tuple] = []  # STEP_COLUMNS, with trace only
         self.events: list[tuple[float, str, int]] = []  # (time, admit|preempt|finish|reject, request id), trace only
         self._traced: list[tuple[float, StepBatch, StepTime]] = []  # trace only

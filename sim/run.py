@@ -63,14 +63,19 @@ def simulate(cfg: RunConfig, out_dir: Path | None = None) -> dict[str, Any]:
     """Run one configuration; return the summary (and write the result files to out_dir,
     all of them or, on any failure, none: the folder keeps the previous run's)."""
     if out_dir is None:
-        return _simulate(cfg, None)
+        return _simulate(cfg, None)[0]
     with StagedOutput(Path(out_dir), RUN_FILES) as staged:  # checks the path before the run
-        summary = _simulate(cfg, staged)
+        summary = _simulate(cfg, staged)[0]
         staged.publish()
     return summary
 
 
-def _simulate(cfg: RunConfig, staged: StagedOutput | None) -> dict[str, Any]:
+def simulate_result(cfg: RunConfig) -> tuple[dict[str, Any], EngineResult]:
+    """The summary and the engine's result of one configuration, writing nothing (sim.bench)."""
+    return _simulate(cfg, None)
+
+
+def _simulate(cfg: RunConfig, staged: StagedOutput | None) -> tuple[dict[str, Any], EngineResult]:
     cfg = resolve_speculation(cfg)
     policy_cfg = load_policy(cfg.policy, cfg.policy_overrides)
     model = served_model(speculating_model(load_model(cfg.model, cfg.model_overrides), policy_cfg), cfg.engine)
@@ -121,7 +126,7 @@ def _simulate(cfg: RunConfig, staged: StagedOutput | None) -> dict[str, Any]:
     }
     if staged is not None:
         write_outputs(staged.path, cfg, summary, result, hw)
-    return summary
+    return summary, result
 
 
 def resolved(cfg: RunConfig, hw: HardwareConfig) -> RunConfig:

@@ -11,12 +11,15 @@ requests than the trace holds is an error: repeating a trace would repeat timest
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from workloads.base import RequestSpec, Sample, WorkloadError
 from workloads.files import memo_by_file, numeric_column, read_csv
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 PROCESSED = ["arrived_at", "num_prefill_tokens", "num_decode_tokens"]
 RAW = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
@@ -33,6 +36,7 @@ def _header(path: Path) -> list[str]:
 @memo_by_file
 def read_trace(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(arrival seconds from the first row, prompt tokens, output tokens) in file order."""
+    import pandas as pd  # here, not at module level: a run that reads no trace file skips its import
     header = _header(path)
     if all(c in header for c in RAW) and not all(c in header for c in PROCESSED):
         df = read_csv(path, RAW, "raw Azure LLM trace")

@@ -14,12 +14,15 @@ and carry their `Timestamp` (seconds, relative to the first), for trace replay.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from workloads.base import RequestSpec, Sample, WorkloadError
 from workloads.files import memo_by_file, numeric_column, read_csv
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 COLUMNS = ["Timestamp", "Model", "Request tokens", "Response tokens"]
 DATA_HINT = ("the BurstGPT trace, published at https://github.com/HPMLL/BurstGPT (release files "
@@ -29,6 +32,7 @@ DATA_HINT = ("the BurstGPT trace, published at https://github.com/HPMLL/BurstGPT
 
 @memo_by_file
 def read_trace(path: Path) -> pd.DataFrame:
+    import pandas as pd  # here, not at module level: a run that reads no trace file skips its import
     raw = read_csv(path, COLUMNS, "BurstGPT trace")
     return pd.DataFrame({
         "timestamp": numeric_column(raw, "Timestamp", path, integer=False),

@@ -5,12 +5,14 @@ import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
-import pandas as pd
 
 from workloads.base import WorkloadError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 R = TypeVar("R")
 
@@ -35,6 +37,7 @@ def resolve_path(path: str | None, path_env: str | None, workload: str, where_to
 
 def read_csv(path: Path, columns: list[str], what: str) -> pd.DataFrame:
     """The CSV's `columns` (others ignored); missing columns are named with those found."""
+    import pandas as pd  # here, not at module level: a run that reads no trace file skips its import
     try:
         # keep_default_na=False: an empty or "NA" cell keeps its column non-numeric, so
         # numeric_column reports its line instead of a silent NaN
@@ -54,6 +57,7 @@ def read_csv(path: Path, columns: list[str], what: str) -> pd.DataFrame:
 def numeric_column(df: pd.DataFrame, column: str, path: Path, integer: bool) -> np.ndarray:
     """The column as numbers; a non-numeric, negative or (if `integer`) fractional cell is
     reported with its line in the file (the header is line 1)."""
+    import pandas as pd  # here, not at module level: a run that reads no trace file skips its import
     values = pd.to_numeric(df[column], errors="coerce").to_numpy(dtype=float)
     checks = [(~np.isfinite(values), "is not a number"), (values < 0, "is negative")]
     if integer:
