@@ -142,23 +142,21 @@ def models(docs: Path) -> str:
     rows = []
     for name in model_names():
         m = load_model(name)
-        ffn = (f"dense MLP {m.mlp.intermediate_size:,}" if m.dense else
-               f"MoE {m.moe.num_experts} experts, top {m.moe.top_k}")
+        ffn = f"dense {m.mlp.intermediate_size:,}" if m.dense else f"MoE {m.moe.num_experts}, top {m.moe.top_k}"
         lat = make_latency_model(m, hw, make_policy(m, load_policy("store_all")), EngineConfig())
         src = lat.sources.by_term
         other = ", ".join(f"{t} {v}" for t, v in src.items() if v != "calibrated")
-        priced = ("analytic (no tables)" if set(src.values()) == {"analytic"} else
-                  "calibrated" + (f" except {other}" if other else ""))
+        priced = ("analytic" if set(src.values()) == {"analytic"} else
+                  "calibrated" + (f" ({other})" if other else ""))
         mine = runs[runs["case"].map(model_of.get) == name]
         checks = []
-        for metric, label in (("output_throughput_tok_s", "output tok/s"), ("tpot_mean_ms", "mean TPOT")):
+        for metric, label in (("output_throughput_tok_s", "tok/s"), ("tpot_mean_ms", "TPOT")):
             ratio = mine.loc[mine["metric"] == metric, "ratio"]
             if len(ratio):
                 checks.append(f"{label} {ratio.min():.2f}-{ratio.max():.2f}x")
         cases = mine["case"].nunique()
-        rows.append({"model": f"`{name}`", "feed-forward": ffn, "TP": m.tensor_parallel, "H200 step times": priced,
-                     "published vLLM runs (simulated / published)":
-                         f"{cases} cases: " + ", ".join(checks) if cases else "none modelled yet"})
+        rows.append({"model": name, "FFN": ffn, "TP": m.tensor_parallel, "H200": priced,
+                     "vs vLLM": f"{cases}: " + ", ".join(checks) if cases else "none"})
     return md_table(pd.DataFrame(rows))
 
 
