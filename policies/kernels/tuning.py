@@ -59,7 +59,8 @@ class Tuning:
     loop_bv: int = 64
     loop_warps: int = 4
     loop_maxnreg: int = 168
-    # Defaults: the fastest tuning of the first H200 variants run (results/calibration/h200/kernels_variants.csv).
+    # Defaults: the fastest tuning of the first H200 variants run
+    # (results/calibration/h200/kernels_variants_2026-12-01-0944.csv).
     pack: bool = True
     prep: bool = True
     prec: str = "bf16x3"

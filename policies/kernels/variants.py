@@ -10,9 +10,9 @@ from policies.kernels import reconstruct, reconstruct_deferred, reference, treew
 from policies.kernels.inputs import chain, full, random_inputs, rel_err, star
 from policies.kernels.treewy import Tuning
 
-# Most informative first: a run cut by its time budget loses the tail. The default ("pp" in
-# the first variants run, kernels_variants.csv): bf16x3 products, k and q packed and the prep fused for small trees; the others
-# vary one axis from there.
+# Most informative first: a run cut by its time budget loses the tail. The default ("pp" in the
+# first variants run, kernels_variants_2026-12-01-0944.csv): bf16x3 products, k and q packed and
+# the prep fused for small trees; the others vary one axis from there.
 VARIANTS: dict[str, Tuning] = {
     "default": Tuning(),
     "tf32x3": Tuning(prec="tf32x3", pack=False, prep=False),
