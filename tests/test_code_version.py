@@ -73,7 +73,8 @@ def test_unread_files_leave_the_version(clone):
 
 def test_sources_and_configs_listed():
     files = {p.relative_to(REPO_ROOT).as_posix() for p in cv.source_files("h200")}
-    assert {"sim/budget.py", "core/config.py", "policies/store_all.py", "configs/models/qwen3.5-35b-a3b.yaml",
+    assert {"sim/budget.py", "core/config.py", "policies/store_all.py", "workloads/registry.py",
+            "configs/models/qwen3.5-35b-a3b.yaml", "configs/workloads/sharegpt.yaml",
             "results/calibration/h200/kernels.csv", f"results/calibration/h200/{MODEL}/host.csv"} <= files
     assert "sim/figures.py" not in files and "sim/sweep.py" not in files
     assert not any(f.startswith(("policies/kernels/", "configs/grids/")) for f in files)

@@ -53,6 +53,28 @@ def test_reconstruct_paths_real_shapes(monkeypatch, trees, tuning):
         assert rel_err(new, states[torch.arange(len(trees)), acc.long()]) < 1e-5, a
 
 
+@pytest.mark.parametrize("tuning", [Tuning(), Tuning(prec="tf32x3")], ids=["default", "tf32x3"])
+@pytest.mark.parametrize("trees", [[chain(16), full((3, 3, 3))], [[-1] + [max(0, t - 1 - (t % 3 == 0)) for t in range(1, 40)]]],
+                         ids=["chain16-333", "deep40"])
+def test_float32_operands_keep_float32_accuracy(monkeypatch, trees, tuning):
+    """Correlated keys, slow decays and a cold start at the 35B's heads: the error is measured on
+    the tree's own update and every power of the solve's coupling matrix counts. The products
+    are float32-accurate (bf16x3 or tf32x3); plain tf32 (10 mantissa bits) lands near 1e-4, which
+    only a GPU shows: the interpreter ignores tl.dot's input precision."""
+    from policies.kernels import treewy
+    monkeypatch.setattr(treewy, "TUNING", tuning)
+    x = on_gpu(random_inputs(trees, hk=16, hv=32, dk=128, dv=128, seed=8, correlated_keys=True, state_scale=0.0,
+                             log_decay=0.01))
+    o_ref, states = R.recurrence(**x)
+    o, ctx = reconstruct.verify(**{**x, "state": x["state"].clone()})
+    assert rel_err(o, o_ref) < 1e-5
+    n = [len(t) for t in trees]
+    for a in (0, 7, 15, 39):
+        acc = torch.tensor([min(a, m - 1) for m in n], dtype=torch.int32, device="cuda")
+        new = reconstruct.commit(dataclasses.replace(ctx, state=x["state"].clone()), acc)
+        assert rel_err(new, states[torch.arange(len(trees)), acc.long()]) < 1e-5, a
+
+
 def test_replay_real_shapes():
     x = on_gpu(random_inputs([full((3, 3, 3))] * 2, hk=2, hv=8, dk=128, dv=128, seed=2))
     rs = replay.ReplayState.start(x["state"].clone(), flush_interval=2, max_path=4, hk=2, dtype=torch.float32)

@@ -7,7 +7,8 @@
         --merge-run variants1-pp --merge-keep-run run3
 
 Writes kernels.csv (one row per model, policy, B, tree, mode) and
-kernels_provenance.json (GPU, versions, command, copy bandwidth, reconstruct's kernels
+kernels_provenance.json (GPU, versions, command, the GPU tests' result (run first: a failure
+stops the bench), copy bandwidth, reconstruct's kernels
 one by one against T, the fla reference); `--stem` renames both. Graph timings: a CUDA graph of
 back-to-back calls on distinct buffers (at least 512 MB together, so each call starts
 with a cold L2), median over replays divided by the calls per graph. Eager timings:
@@ -35,6 +36,7 @@ from policies.kernels.bench_fla import fla_reference, none_rows
 from policies.kernels.bench_merge import merge, variant_rows
 from policies.kernels.bench_policy import policy_variants, run_policy
 from policies.kernels.bench_timing import copy_bandwidth, recover
+from policies.kernels.gpu_checks import run_gpu_tests
 from policies.kernels.tuning import Tuning
 from policies.kernels.variants import VARIANTS
 
@@ -84,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--merge-base-run", default="run1",
                     help="with --merge: the label of OUT/STEM.csv's rows that have no `run` yet")
     ap.add_argument("--merge-note", action="append", default=[], help="with --merge: a note kept in the provenance")
+    ap.add_argument("--skip-gpu-tests", action="store_true",
+                    help="measure without first running the GPU tests (recorded in the provenance)")
     ap.add_argument("--merge-variants", type=Path, default=None,
                     help="no run: merge one tuning (--variant) of this --variants file (variants.csv, graph timings) "
                          "into OUT/STEM.csv as a run of its own (--merge-run), like --merge")
@@ -148,6 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     deadline = t_start + args.budget_s if args.budget_s else math.inf
     args.out.mkdir(parents=True, exist_ok=True)
     prov = environment(args)
+    prov["gpu_tests"] = {"skipped": "--skip-gpu-tests"} if args.skip_gpu_tests else run_gpu_tests()
+    print(f"GPU tests: {json.dumps(prov['gpu_tests'])}", flush=True)
+    if not prov["gpu_tests"].get("passed", args.skip_gpu_tests):
+        (args.out / f"{args.stem}_provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
+        print("bench: the GPU tests failed; kernels that fail their checks are not measured "
+              "(--skip-gpu-tests measures anyway, and the provenance says so)", file=sys.stderr)
+        return 1
     copy_bw = copy_bandwidth()
     prov["copy_bw_bytes_per_s"] = copy_bw
     print(f"copy bandwidth {copy_bw / 1e12:.3f} TB/s (1 GiB device-to-device, read + write)", flush=True)

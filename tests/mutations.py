@@ -1,0 +1,166 @@
+"""Deliberate bugs the test suite must catch, and a runner that checks it does.
+
+    python tests/mutations.py            # every mutation
+    python tests/mutations.py NAME ...   # some; --list prints them
+
+Each mutation replaces one piece of source text (which must occur exactly once in the
+repository's Python sources, wherever a refactor has moved it) in a temporary copy of the
+tracked files, then runs the tests that should fail on it. A mutation the tests pass is
+MISSED: a hole in the suite. One whose text is no longer found must be rewritten for the
+code as it is now. Exit status 0 only when every mutation ran and was caught.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SOURCE_DIRS = ("core", "sim", "policies", "workloads", "calibrate")
+TIMEOUT_S = 1200
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    bug: str  # what the mutation breaks, in words
+    old: str
+    new: str
+    tests: tuple[str, ...]  # pytest node ids or `file -k expr` pieces
+
+
+MUTATIONS = (
+    Mutation("admission-first-chunk", "the whole-prompt admission check replaced by the first-chunk check",
+             "check = pool.units_for(min(total, self.max_model_len)) if self.full_prompt else need",
+             "check = need",
+             ("tests/test_engine_semantics.py", "-k", "whole_prompt")),
+    Mutation("rejection-footprint", "a request's largest footprint counted without its verify tree and lookahead",
+             "self.pool.units_for(total + self.verify_positions + self.lookahead) > self.pool.capacity",
+             "self.pool.units_for(total) > self.pool.capacity",
+             ("tests/test_engine_scenarios.py", "-k", "pool_rejection")),
+    Mutation("replay-cache-memory", "the memory model charges replay's cache 25% more than the kernels allocate",
+             "return self.model.gdn_layers * self.cache_slots() * per_layer",
+             "return self.model.gdn_layers * self.cache_slots() * per_layer * 5 // 4",
+             ("tests/test_replay_cache.py",)),
+    Mutation("replay-cache-kernel", "the replay kernels allocate m x max_path slots, one path more than defined",
+             "        C = cache_slots(flush_interval, max_path)",
+             "        C = flush_interval * max_path",
+             ("tests/test_replay_cache.py",)),
+    Mutation("drafter-widths-analytic", "the analytic drafter's later passes use the next depth's node count",
+             "nodes = b.spec_seqs * self.nodes_per_depth[min(d, len(self.nodes_per_depth)) - 1]",
+             "nodes = b.spec_seqs * self.nodes_per_depth[min(d, len(self.nodes_per_depth) - 1)]",
+             ("tests/test_engine_latency.py", "-k", "drafter_passes")),
+    Mutation("drafter-widths-pipeline", "the calibrated (pipeline) drafter's later passes shifted by one depth",
+             "widths = tuple(npd[min(d, len(npd)) - 1] for d in range(1, b.draft_depth))",
+             "widths = tuple(npd[min(d, len(npd) - 1)] for d in range(1, b.draft_depth))",
+             ("tests/test_engine_latency.py", "-k", "drafter_passes")),
+    Mutation("drafter-widths-eager", "the calibrated (eager_sum) drafter's later passes shifted by one depth",
+             "width = lat.nodes_per_depth[min(depth, len(lat.nodes_per_depth)) - 1]",
+             "width = lat.nodes_per_depth[min(depth, len(lat.nodes_per_depth) - 1)]",
+             ("tests/test_engine_latency.py", "-k", "drafter_passes")),
+    Mutation("solve-one-factor-short", "the fused verify's triangular inverse one factor (I + L^(2^k)) short",
+             "NSQ=(min(T, BC) - 1).bit_length(), PENDING",
+             "NSQ=(min(T, BC) - 1).bit_length() - 1, PENDING",
+             ("tests/test_kernels_triton.py", "-k", "correlated")),
+    Mutation("bf16x3-one-part", "a bf16 operand times only the high bf16 part of the float32 one",
+             "            out = _bdot(x, hi) + (_bdot(x, mid) + _bdot(x, lo))",
+             "            out = _bdot(x, hi)",
+             ("tests/test_kernels_triton.py", "-k", "bf16_inputs")),
+    Mutation("version-names-only", "the code version hashes file names, not contents",
+             'h.update(path.read_bytes() + b"\\0")',
+             'h.update(b"\\0")',
+             ("tests/test_code_version.py",)),
+    Mutation("version-no-tables", "the code version leaves out the calibration tables",
+             "files += read_files(root / hw.calibration_dir, models)",
+             "files += read_files(root / hw.calibration_dir, models)[:0]",
+             ("tests/test_code_version.py",)),
+    Mutation("version-no-workloads", "the code version leaves out the workload sources",
+             'SOURCE_PACKAGES = ("sim", "core", "policies", "workloads")',
+             'SOURCE_PACKAGES = ("sim", "core", "policies")',
+             ("tests/test_code_version.py",)),
+    Mutation("version-no-configs", "the code version leaves out the model, hardware and policy configs",
+             'if p.is_file() and p.parent != configs and "grids" not in p.relative_to(configs).parts]',
+             'if False]',
+             ("tests/test_code_version.py",)),
+    Mutation("point-digest-unchecked", "a point file's digest is not checked on load",
+             'if rec.get("digest") != record_digest(rec):',
+             "if False:",
+             ("tests/test_outputs_atomic.py", "-k", "hand_edited")),
+    Mutation("run-not-staged", "specsim run writes straight into --out",
+             "        write_outputs(staged.path, cfg, summary, result, hw)",
+             "        write_outputs(staged.target, cfg, summary, result, hw)",
+             ("tests/test_outputs_atomic.py", "-k", "fails_while_writing")),
+    Mutation("one-request-fits-unchecked", "a pool that cannot hold one request of max_model_len is simulated",
+             "    if need <= pool.capacity:\n        return",
+             "    if True:\n        return",
+             ("tests/test_bad_input.py", "-k", "no_request_can_fit or longest_fit or max_model_len")),
+)
+
+
+def tracked_copy(dest: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    for rel in files.decode().split("\0"):
+        if rel and (REPO / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, dest / rel)
+
+
+def locate(root: Path, text: str) -> list[Path]:
+    """Each source file once per occurrence of `text` in it."""
+    hits = [(p, p.read_text().count(text)) for d in SOURCE_DIRS for p in sorted((root / d).rglob("*.py"))]
+    return [p for p, n in hits for _ in range(n)]
+
+
+def run(m: Mutation, root: Path) -> str:
+    where = locate(root, m.old)
+    if len(where) != 1:
+        return f"STALE ({len(where)} places hold its text; rewrite it for today's code)"
+    path = where[0]
+    original = path.read_text()
+    path.write_text(original.replace(m.old, m.new))
+    try:
+        env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *m.tests],
+                              cwd=root, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"UNDECIDED (the tests ran past {TIMEOUT_S} s)"
+    finally:
+        path.write_text(original)
+    if proc.returncode == 1:
+        return f"caught ({path.relative_to(root)})"
+    if proc.returncode == 0:
+        return f"MISSED ({path.relative_to(root)}: the tests pass with the bug)"
+    return f"ERROR (pytest exit {proc.returncode}): {proc.stdout[-400:]}"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("names", nargs="*", help="mutations to run (default: all)")
+    p.add_argument("--list", action="store_true", help="print the mutations and exit")
+    args = p.parse_args()
+    chosen = [m for m in MUTATIONS if not args.names or m.name in args.names]
+    if unknown := set(args.names) - {m.name for m in MUTATIONS}:
+        print(f"unknown mutation(s) {', '.join(sorted(unknown))}; --list shows them", file=sys.stderr)
+        return 2
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:28} {m.bug}\n{'':28} tests: {' '.join(m.tests)}")
+        return 0
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="specsim-mutations-") as tmp:
+        root = Path(tmp)
+        tracked_copy(root)
+        for m in chosen:
+            result = run(m, root)
+            ok &= result.startswith("caught (")
+            print(f"{m.name:28} {result}", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
