@@ -151,7 +151,7 @@ class Engine:
             if spec and req.commit_state is not None:
                 replayed, flush = req.commit_state.verify_work()
             # A 1-token step at the end of the known tokens decodes; anything else is a prompt chunk.
-            decoding = spec or (n == 1 and req.computed + 1 == req.num_tokens)
+            decoding = spec or (n == 1 and req.computed + 1 == req.prompt + req.generated)
             reqs.append(BatchRequest(n, req.computed, decoding, spec, replayed, flush))
             if trace:
                 # A chain truncated to the token budget verifies its first n - 1 drafts. A verify's
@@ -168,8 +168,9 @@ class Engine:
         """The step's sampled result: drafts accepted per verifying request, from its acceptance stream."""
         accepted: dict[int, int] = {}
         trace = self.steps.trace
+        done = Status.FINISHED
         for rid, s in plan.scheduled.items():
-            if not s.spec or s.req.status is Status.FINISHED:
+            if not s.spec or s.req.status is done:
                 continue  # async: a finished request's verify is discarded, nothing is drawn for it
             a = s.req.acceptance.accepted_drafts()
             if a > s.tokens - 1:

@@ -60,6 +60,11 @@ class PipelinePricing:
     def __init__(self, lat: CalibratedParts) -> None:
         self.lat = lat
         self._shapes: dict[tuple, ShapeParts] = {}
+        # A step's shape is seldom seen twice under load (its prefill chunks differ), so its
+        # parts are kept by what each depends on: the dense parts by token count (at most
+        # max_num_batched_tokens entries), the drafter passes by tokens, requests and depth.
+        self._dense: dict[int, tuple[float, float, float, float]] = {}
+        self._drafter: dict[tuple[int, int, int], tuple[list[tuple[int, float]], tuple[int, ...]]] = {}
 
     def step_time(self, b: StepBatch) -> StepTime:
         us, ops, prepare, finish, cores, host_total = self.parts(b)
@@ -94,14 +99,22 @@ class PipelinePricing:
         mode = b.graph_mode
         n, R, B, P = b.num_tokens, b.num_seqs, b.decode_seqs, b.prefill_seqs
         N = n if mode == "eager" else b.run_tokens  # graphs run at the padded size
-        gdn_dense, attn_dense, moe = lat.token_part_us("gdn", g, N), lat.token_part_us("attn_proj", g, N), \
-            lat.moe_us(g, N)
-        ar = 2 * lat.allreduce_s(N) / US
+        dense_us = self._dense.get(N)
+        if dense_us is None:  # the layers' dense parts depend on the token count alone
+            dense_us = self._dense[N] = (lat.token_part_us("gdn", g, N), lat.token_part_us("attn_proj", g, N),
+                                      lat.moe_us(g, N), 2 * lat.allreduce_s(N) / US)
+        gdn_dense, attn_dense, moe, ar = dense_us
         verify, commit = self.gdn_decode_us(b)
         prefill = self._gdn_prefill_us(b)
         rows = b.decode_tokens + P  # logits rows: every verify position, each prefill's last token
         lm = lat.token_part_us("lm_head", g, rows)
-        passes, widths = self._drafter_passes(b, N)
+        drafter_key = (N, b.num_seqs, b.draft_depth)
+        drafter = self._drafter.get(drafter_key)
+        if drafter is None:
+            drafter = self._drafter_passes(b, N)
+            if len(self._drafter) < STEP_MEMO:
+                self._drafter[drafter_key] = drafter
+        passes, widths = drafter
 
         us = dict.fromkeys(TERMS, 0.0)
         us["gdn"] = m.gdn_layers * gdn_dense

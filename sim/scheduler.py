@@ -234,14 +234,15 @@ class Scheduler:
         blocks are freed and who leave `running`."""
         finished: list[Request] = []
         spec_enabled = self.verify_positions > 1
+        done, waiting = Status.FINISHED, Status.WAITING  # looked up once: this loop runs per request
         for rid, s in plan.scheduled.items():
             req, n = s.req, s.tokens
             status = req.status
-            if status is Status.FINISHED:
+            if status is done:
                 continue  # async: an earlier step's outputs ended it; this step's tokens are discarded
             # Async: preempted while this step ran. Its sampled tokens still count (vLLM appends
             # them); its KV and state are recomputed from scratch, so progress is not kept.
-            preempted = status is Status.WAITING
+            preempted = status is waiting
             if not preempted:
                 req.inflight -= n
             if s.spec:
@@ -270,11 +271,12 @@ class Scheduler:
                 req.has_draft = spec_enabled  # the drafter ran over this request's new tokens
             if req.generated >= req.output:
                 self._finish(req)
-                req.status = Status.FINISHED
+                req.status = done
                 req.finish_s = now
                 finished.append(req)
         if finished:
-            self.running = [r for r in self.running if r.status is Status.RUNNING]
+            running = Status.RUNNING
+            self.running = [r for r in self.running if r.status is running]
         return finished
 
     def _finish(self, req: Request) -> None:
