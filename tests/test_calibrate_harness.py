@@ -12,7 +12,8 @@ from calibrate.grid import ALL_JOBS, Grid, jobs_for_part  # noqa: E402
 from calibrate.shapes import LayerShapes  # noqa: E402
 from tiny_model import TINY, TINY_DENSE  # noqa: E402
 
-GRID = Grid(tokens=(1, 2, 4, 8), decode_b=(1, 2, 4), decode_p=(1, 2, 4), decode_ctx=(16, 32, 64),
+# Small: every kernel here runs in the Triton interpreter, where an 8-token MoE call takes seconds.
+GRID = Grid(tokens=(1, 2, 4), decode_b=(1, 2, 4), decode_p=(1, 2, 4), decode_ctx=(16, 32, 64),
             prefill_chunk=(8, 16, 32), prefill_ctx=(0, 16, 32), step_shapes=((2, 2, 16), (1, 4, 32)),
             activation_tokens=(8,))
 
@@ -135,6 +136,7 @@ def test_gdn_table_times_the_dense_halves_not_the_core(tmp_path):
     assert len(rows) == len(GRID.tokens)
 
 
+@pytest.mark.slow  # every job once more, for the dense model: minutes in the interpreter
 def test_dense_model_measures_every_job_with_an_mlp_table(tmp_path):
     """A dense hybrid: the same jobs with an MLP table in place of the MoE's, the whole-step check and
     the decode core through the executor with the MLP after every layer."""

@@ -277,6 +277,7 @@ def test_host_ops_are_the_simulators():
     assert set(host.OPS) == set(HOST_OPS) and host.COLUMNS == HOST_COLUMNS
 
 
+@pytest.mark.slow  # whole replays in the Triton interpreter: minutes
 def test_tiny_replay_writes_steps_summary_and_provenance(tmp_path, monkeypatch):
     monkeypatch.setattr(RP, "ASYNC_STEPS", 2)  # interpreted Triton on the CPU: seconds a step
     monkeypatch.setattr(RP, "INTERLEAVE_STEPS", 1)
@@ -353,6 +354,7 @@ def test_kv_pool_fits_the_check_batches():
     assert alone == 2 and both == widest > 100
 
 
+@pytest.mark.slow  # every policy's host ops at 1,000-token contexts in the interpreter: minutes
 def test_policy_host_rows_are_measured_under_each_policy(monkeypatch):
     import torch
 
