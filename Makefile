@@ -62,11 +62,12 @@ test-slow: dev
 test-gpu:
 	$(GPU_PY) -m pytest -m gpu -p no:cacheprovider
 
+# A sweep with failed points exits 1: the figures of the others are still drawn, then make fails.
 sweep: venv
 	$(PY) -m sim sweep --workload $(WORKLOAD) --grid $(GRID) --hardware $(HARDWARE) \
 	  $(if $(MODEL),--model $(MODEL)) $(if $(JOBS),--jobs $(JOBS)) $(if $(filter 0,$(PROGRESS)),--no-progress) \
-	  --out $(SWEEP_OUT) $(ARGS)
-	$(PY) -m sim figures --sweep $(SWEEP_OUT)
+	  --out $(SWEEP_OUT) $(ARGS); rc=$$?; [ $$rc -le 1 ] || exit $$rc; \
+	$(PY) -m sim figures --sweep $(SWEEP_OUT) && exit $$rc
 
 figures: venv
 	$(PY) -m sim figures --sweep $(SWEEP_OUT)
