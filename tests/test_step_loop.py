@@ -1,0 +1,63 @@
+"""The step loop's shortcuts give what the plain computation gives: accepted counts drawn in
+blocks, blocks asked for only past what a request holds, dispatch from totals, the per-step
+request count, and what a finished request still holds."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.config import GiB
+from sim.acceptance import AcceptanceStream
+from sim.dispatch import capture_sizes, dispatch, dispatch_counts
+from sim.pool import make_pool
+from test_engine_scenarios import CURRENT, scenario, setup, specs
+
+
+@pytest.mark.parametrize("thresholds", [(0.86, 0.86, 0.86), (0.9, 0.5), (0.3,), (1.0, 0.0, 1.0)])
+def test_block_draws_match_one_draw_per_verify(thresholds):
+    # The per-verify rule on the stream's own uniforms: count the leading depths below their threshold.
+    stream = AcceptanceStream(7, 42, thresholds)
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([7, 42])))
+    for block in range(3):  # across refills
+        u = rng.random(len(thresholds) * 64).reshape(64, len(thresholds))
+        for row in u:
+            expected = 0
+            while expected < len(thresholds) and row[expected] < thresholds[expected]:
+                expected += 1
+            assert stream.accepted_drafts() == expected
+
+
+@pytest.mark.parametrize("allocator", ["paged", "ideal"])
+def test_tokens_held_is_the_edge_of_the_units(allocator):
+    model, pol, layout, _ = setup(engine=CURRENT)
+    pool = make_pool(allocator, model, pol, layout, 10 * GiB)
+    for tokens in (1, 7, layout.attn_block_tokens - 1, layout.attn_block_tokens, 3 * layout.attn_block_tokens + 5,
+                   100_000):
+        units = pool.units_for(tokens)
+        held = pool.tokens_held(units)
+        assert held >= tokens and pool.units_for(held) == units and pool.units_for(held + 1) > units
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 600), st.booleans()), min_size=1, max_size=40), st.sampled_from([1, 4]),
+       st.booleans())
+def test_dispatch_from_totals_matches_dispatch(reqs, uniform_len, full_ok):
+    lens = [uniform_len if dec and i % 3 else n for i, (n, dec) in enumerate(reqs)]
+    decoding = [dec for _, dec in reqs]
+    sizes = capture_sizes(1024, 8192, uniform_len)
+    uniform = all(n == uniform_len for n in lens)
+    assert dispatch_counts(sum(lens), len(lens), sum(decoding), uniform, sizes, full_ok) == \
+        dispatch(lens, decoding, uniform_len, sizes, full_ok)
+
+
+def test_request_steps_count_every_scheduled_request():
+    result, summary = scenario(specs((300, 40), (2000, 25), (50, 60)), engine=CURRENT, concurrency=2)
+    assert result.steps.request_steps == sum(len(s.requests) for s in result.steps.traced_steps())
+    assert result.steps.request_steps > summary["num_steps"]  # two requests share most steps
+
+
+def test_a_finished_request_holds_no_acceptance_stream():
+    result, summary = scenario(specs((300, 40), (500, 25)), engine=CURRENT, accept=[[0.8]] * 3)
+    assert summary["mean_accepted_len"] is not None  # they did verify drafts
+    assert all(r.acceptance is None for r in result.requests)
+
