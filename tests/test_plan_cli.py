@@ -125,7 +125,7 @@ def test_capacity_agrees_with_a_dense_rate_sweep(tmp_path):
 
 
 def test_measured_requests_leave_out_warmup_and_cooldown_by_arrival():
-    reqs = [Request(RequestSpec(i, 10, 10), arrival_s=float(9 - i), acceptance=None) for i in range(10)]
+    reqs = [Request(RequestSpec(i, 10, 10), arrival_s=float(9 - i)) for i in range(10)]
     got = measured(reqs, 0.2, 0.3)
     assert [r.arrival_s for r in got] == [2.0, 3.0, 4.0, 5.0, 6.0]
     assert len(measured(reqs)) == 10
