@@ -126,7 +126,10 @@ def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: 
                 elif job == DECODE_CONV:
                     from calibrate.decode_conv import decode_conv_executor, gdn_decode_conv_table
 
-                    pols = {p.mamba_state_commit: p for p in map(load_policy, policy_names())}
+                    # The speculative policies' decode cores: the executor has no conv verify for
+                    # policy none (no draft to verify), whose decode the kernel bench times instead.
+                    pols = {p.mamba_state_commit: p for p in map(load_policy, policy_names())
+                            if p.mamba_state_commit != "none"}
                     ex = decode_conv_executor(model, hw, next(iter(pols.values())), dev, log)
                     # On the CPU (tests) the interpreter runs the kernels: the shortest table will do.
                     rows = gdn_decode_conv_table(ex, list(pols.values()), bw, log, reps=20 if cuda else 1,
