@@ -21,17 +21,19 @@ from pathlib import Path
 from typing import Any
 
 from core.config import REPO_ROOT, ConfigError, RunConfig, load_hardware, policy_names
+from core.files import FolderLock, StagedOutput
 from policies import DraftTree
+from sim.code_version import code_version
 from sim.grid import check_field
 from sim.plan_candidates import Candidate, candidates
 from sim.plan_dense import dense_check
 from sim.plan_run import PlanSettings, Prepared, best, config, none_met_message, run_plan
 from sim.plan_search import check_tolerance
 from sim.plan_slo import parse_slos
-from sim.code_version import code_version
-from sim.sweep import git_describe, parse_sets, run_sweep
+from sim.sweep import check_jobs, git_describe, parse_sets, run_sweep
 from sim.sweep_executors import connect_dask
 
+PLAN_FILES = ("plan.csv", "plan.json", "plan.png", "plan.pdf", "report.md")
 # Fields the planner sets per candidate or probe: `--set` may not fix them.
 OWNED = {"policy": "--policy", "policy_overrides.draft_tree_widths": "--tree", "engine.gmu": "--gmu",
          "engine.max_num_seqs": "--max-num-seqs", "engine.max_num_batched_tokens": "--max-num-batched-tokens",
@@ -140,24 +142,30 @@ def candidates_from(args: argparse.Namespace) -> list[Candidate]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from sim.plan_output import write_outputs
-
     settings = settings_from(args)
     cands = candidates_from(args)
     out = Path(args.out) if args.out else REPO_ROOT / "results" / "plans" / Path(args.workload).stem
-    if args.jobs is not None and args.jobs < 1:
-        raise ConfigError(f"--jobs must be >= 1 (worker processes), got {args.jobs}")
+    check_jobs(args.jobs)
     slots = args.jobs or os.cpu_count() or 1
     if args.dask_scheduler:  # fail on a bad address before any work
         client = connect_dask(args.dask_scheduler)
         slots = sum(client.nthreads().values()) or 1
         client.close()
+    # The outputs are staged and published together; the folder is locked, so that two plans
+    # never write its points and outputs at once.
+    with FolderLock(out), StagedOutput(out, PLAN_FILES) as staged:
+        return _plan_into(args, settings, cands, out, slots, staged)
+
+
+def _plan_into(args: argparse.Namespace, settings: PlanSettings, cands: list[Candidate], out: Path, slots: int,
+               staged: StagedOutput) -> int:
+    from sim.plan_output import write_outputs
+
     prepare = Prepared()
     # Each round forks a fresh pool: import the simulator here once, so workers start with it.
     import sim.run  # noqa: F401
     progress = not args.no_progress
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if progress else (lambda line: None)
-
     tally = {"ran": 0, "cached": 0}
     start = time.perf_counter()
 
@@ -179,14 +187,13 @@ def main(args: argparse.Namespace) -> int:
     if all(r.status == "none_met" for r in searched):
         raise ConfigError(f"no candidate meets the SLOs at any rate: {none_met_message(searched[0])}")
     searched_s = time.perf_counter() - start
-    dense = None
-    if args.dense_check:
-        dense = dense_check(results, settings, evaluate, log)
-    executor = f"dask {args.dask_scheduler}" if args.dask_scheduler else f"processes x {args.jobs or os.cpu_count()}"
+    dense = dense_check(results, settings, evaluate, log) if args.dense_check else None
+    executor = f"dask {args.dask_scheduler}" if args.dask_scheduler else f"processes x {slots}"
     provenance = {"code_version": code_version(args.hardware), "git": git_describe(), "executor": executor,
                   "search_wall_s": round(searched_s, 1), "wall_s": round(time.perf_counter() - start, 1),
                   "runs": tally["ran"], "cached_runs": tally["cached"]}
-    write_outputs(out, results, settings, args, dense, provenance)
+    write_outputs(staged.path, out, results, settings, args, dense, provenance)
+    staged.publish()
     top = best(results)
     print(f"best: {top.candidate.label}: {top.capacity / top.gpus:.4g} req/s per GPU\n"
           f"wrote {out / 'plan.csv'}, plan.json, plan.png, plan.pdf, report.md", file=sys.stderr)

@@ -11,7 +11,6 @@ from typing import Any
 
 import pandas as pd
 
-from core.files import atomic_write_text
 from sim.plan_dense import DenseCheck
 from sim.plan_run import START_STEP, CandidateResult, PlanSettings, best, policy_best
 from sim.plan_search import GROWTH, Verdict
@@ -79,16 +78,16 @@ def plan_command(args: argparse.Namespace, out: Path) -> str:
     return shlex.join(parts)
 
 
-def write_outputs(out: Path, results: list[CandidateResult], settings: PlanSettings, args: argparse.Namespace,
-                  dense: DenseCheck | None, provenance: dict[str, Any]) -> None:
-    """`provenance`: code version, git commit, executor, wall times and run counts, for plan.json."""
+def write_outputs(folder: Path, out: Path, results: list[CandidateResult], settings: PlanSettings,
+                  args: argparse.Namespace, dense: DenseCheck | None, provenance: dict[str, Any]) -> None:
+    """Write the plan's files into `folder` (a staging folder for `out`, the plan's --out);
+    `provenance`: code version, git commit, executor, wall times and run counts, for plan.json."""
     from sim.plan_figure import draw
 
-    out.mkdir(parents=True, exist_ok=True)
     rows = [row(r, settings, args.rate) for r in results]
     buf = io.StringIO()
     pd.DataFrame(rows).to_csv(buf, index=False, float_format="%.6g")
-    atomic_write_text(out / "plan.csv", buf.getvalue())
+    (folder / "plan.csv").write_text(buf.getvalue())
     doc = {
         "command": plan_command(args, out), **provenance,
         "workload": settings.workload, "model": args.model, "hardware": args.hardware,
@@ -107,9 +106,9 @@ def write_outputs(out: Path, results: list[CandidateResult], settings: PlanSetti
         doc["dense_check"] = {"candidate": dense.candidate, "plan_capacity_rps": dense.plan_capacity,
                               "dense_capacity_rps": dense.dense_capacity, "agrees": dense.agrees,
                               "probes": [_verdict(v, settings) for v in dense.verdicts]}
-    atomic_write_text(out / "plan.json", json.dumps(doc, indent=1) + "\n")
-    draw(results, settings, out, f"{args.model} on {args.hardware}, {settings.workload}")
-    atomic_write_text(out / "report.md", report(results, rows, settings, args, dense, doc["command"]))
+    (folder / "plan.json").write_text(json.dumps(doc, indent=1) + "\n")
+    draw(results, settings, folder, f"{args.model} on {args.hardware}, {settings.workload}")
+    (folder / "report.md").write_text(report(results, rows, settings, args, dense, doc["command"]))
 
 
 def _gpus_sentence(r: CandidateResult, rate: float | None) -> str:

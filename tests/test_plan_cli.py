@@ -83,6 +83,8 @@ def test_an_slo_no_rate_meets_names_the_metric_at_the_lowest_rate(capsys, tmp_pa
                          "no candidate meets the SLOs at any rate", "ttft_p99 <= 1 ms is not met at the lowest rate "
                          "tried, 0.25 req/s: ttft_p99 = ")
     assert float(err.rsplit("ttft_p99 = ", 1)[1].split(" s")[0]) > 1e-3
+    assert not any((tmp_path / f).exists() for f in ("plan.csv", "plan.json", "plan.png", "report.md"))
+    assert list((tmp_path / "points").glob("*.json"))  # its probes stay cached for a rerun with other SLOs
 
 
 def test_plan_writes_its_outputs_and_reruns_from_the_store(capsys, tmp_path):
