@@ -28,3 +28,21 @@ def test_docs_made_by_this_code_version(manifest):
 def test_docs_made_from_a_committed_tree(manifest):
     git = json.loads(manifest.read_text())["git"]
     assert git and not git.endswith("+dirty"), f"{manifest.relative_to(DOCS.parent)}: made at {git!r}"
+
+
+PLAN = DOCS / "plan" / "plan.json"  # specsim plan's worked example (make plan-example)
+
+
+def test_docs_plan_made_by_this_code_version_from_a_committed_tree():
+    m = json.loads(PLAN.read_text())
+    assert m["code_version"] == code_version(m["hardware"]), (
+        f"docs/plan was made by code version {m['code_version']}, today's is {code_version(m['hardware'])}: "
+        "run `make plan-example` from a committed tree")
+    assert m["git"] and not m["git"].endswith("+dirty"), f"docs/plan: made at {m['git']!r}"
+
+
+def test_docs_plan_capacity_agrees_with_its_dense_rate_sweep():
+    m = json.loads(PLAN.read_text())
+    check, tol = m["dense_check"], m["search"]["tolerance"]
+    plan, dense = check["plan_capacity_rps"], check["dense_capacity_rps"]
+    assert check["agrees"] and abs(plan - dense) <= tol * max(plan, dense), check
