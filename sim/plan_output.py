@@ -50,7 +50,7 @@ def row(r: CandidateResult, settings: PlanSettings, rate: float | None) -> dict[
 
 
 def _verdict(v: Verdict, settings: PlanSettings) -> dict[str, Any]:
-    return {"rate_rps": v.rate, "met": v.met, "steady": v.steady, "num_requests": v.num_requests, "lengths": v.lengths,
+    return {"rate_rps": v.rate, "met": v.met, "steady": v.steady, "num_requests": v.num_requests, "lengths": v.lengths, "cut": v.cut,
             "violated": list(v.violated), "note": v.note,
             "metrics_s": {s.name: s.value(v.summary) for s in settings.slos}}
 
@@ -160,11 +160,11 @@ def report(results: list[CandidateResult], rows: list[dict[str, Any]], settings:
               f"{s.max_requests} requests fails (its queue has no steady state). A target load splits evenly over "
               f"replicas: {SPLIT[s.arrivals]}.", ""]
     verdicts = [v for r in results for v in r.verdicts]
-    early = sum(1 for v in verdicts if v.lengths == 1)
-    unsteady = sum(1 for v in verdicts if v.lengths > 1 and not v.steady)
+    cut = sum(1 for v in verdicts if v.cut)
+    unsteady = sum(1 for v in verdicts if not v.cut and not v.steady)
     spans = [rw["run_span_over_e2e"] for rw in rows if rw["run_span_over_e2e"]]
-    lines += [f"{len(verdicts)} probes: {early} failed at {s.num_requests} requests already, {unsteady} of the "
-              f"others were not steady at their longest run (plan.json lists each with its note)."
+    lines += [f"{len(verdicts)} probes: {cut} failed on a run over an SLO by more than the margin, {unsteady} of "
+              f"the others were not steady at their longest run (plan.json lists each with its note)."
               + (f" At capacity the longest run's arrivals span {min(spans):.0f} to {max(spans):.0f} mean E2E latencies "
                  "(run_span_over_e2e)." if spans else ""), ""]
     if dense:

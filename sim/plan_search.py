@@ -55,7 +55,8 @@ class Verdict:
     summary: dict[str, Any]
     violated: tuple[str, ...] = ()  # SLOs over their bound, or still growing, at this rate
     note: str = ""  # why a probe is not steady
-    lengths: int = 2  # run lengths compared (1: it failed at the first)
+    lengths: int = 2  # run lengths it took
+    cut: bool = False  # failed because a run broke an SLO by more than the stability margin
 
 
 class Probe:
@@ -87,7 +88,7 @@ class Probe:
             if broken := self._broken(self.runs[n]):
                 self.verdict = Verdict(self.rate, False, False, n, self.runs[n], broken,
                                        f"broke {', '.join(broken)} by more than {self.stability:g} x the bound at {n} "
-                                       "requests", lengths=len(self._wanted))
+                                       "requests", lengths=len(self._wanted), cut=True)
             elif len(self._wanted) == 1:
                 self._wanted.append(2 * n)
             else:

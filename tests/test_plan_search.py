@@ -177,7 +177,7 @@ def test_a_probe_run_ahead_decides_as_one_run_in_turn():
 
 def test_a_longer_run_far_over_its_bound_fails_without_the_longest():
     probe = run_probe(lambda n: 0.2 if n == 100 else 1.5)  # fine at N, broken by 50% at 2N
-    assert sorted(probe.runs) == [100, 200] and probe.verdict.lengths == 2 and not probe.verdict.met
+    assert sorted(probe.runs) == [100, 200] and probe.verdict.lengths == 2 and probe.verdict.cut and not probe.verdict.met
     assert "at 200 requests" in probe.verdict.note
 
 
@@ -189,7 +189,7 @@ def test_a_missing_metric_breaks_the_slo():
 
 def test_a_first_run_far_over_its_bound_fails_without_the_longer_run():
     probe = run_probe(lambda n: 1.2)  # 1.2 s > (1 + 0.1) x 1 s
-    assert sorted(probe.runs) == [100] and probe.verdict.lengths == 1
+    assert sorted(probe.runs) == [100] and probe.verdict.lengths == 1 and probe.verdict.cut
     assert not probe.verdict.met and probe.verdict.violated == ("ttft_p99",) and "at 100 requests" in probe.verdict.note
     near = run_probe(lambda n: 1.05)  # over the bound, inside the margin: the longer run decides
     assert sorted(near.runs) == [100, 200] and not near.verdict.met and near.verdict.steady
