@@ -233,3 +233,17 @@ def test_trace_arrivals_are_time_scaled_to_the_probed_rate():
     w = load_workload(cfg.workload, cfg.num_requests, cfg.seed, cfg.workload_overrides)
     t = trace_arrival_times(w.requests, cfg.client.time_scale)
     assert (len(t) - 1) / (t.max() - t.min()) == pytest.approx(7.5)
+
+
+def test_a_plan_on_a_dask_cluster_finds_what_the_process_pool_finds(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    s = settings(tolerance=0.1)
+    local = run_plan(cands(gmus=(0.9,)), s, Counter(tmp_path / "a"), log=lambda line: None)
+    # Loopback only, no dashboard: a test opens no port another machine can reach
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=True, host="127.0.0.1",
+                                  dashboard_address=None, worker_dashboard_address=None) as cluster:
+        def on_dask(configs):
+            return run_sweep(configs, tmp_path / "b", dask_scheduler=cluster.scheduler_address,
+                             simulate=stub_simulate, prepare=no_prepare, progress=False).records
+        remote = run_plan(cands(gmus=(0.9,)), s, on_dask, log=lambda line: None, slots=2)
+    assert [(r.capacity, r.search.tried) for r in remote] == [(r.capacity, r.search.tried) for r in local]
