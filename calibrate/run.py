@@ -126,15 +126,16 @@ def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: 
                 elif job == DECODE_CONV:
                     from calibrate.decode_conv import decode_conv_executor, gdn_decode_conv_table
 
-                    # The speculative policies' decode cores: the executor has no conv verify for
-                    # policy none (no draft to verify), whose decode the kernel bench times instead.
-                    pols = {p.mamba_state_commit: p for p in map(load_policy, policy_names())
-                            if p.mamba_state_commit != "none"}
-                    ex = decode_conv_executor(model, hw, next(iter(pols.values())), dev, log)
+                    # The executor runs the speculating policies' cores; `none` has its own rows below.
+                    pols = [p for p in map(load_policy, policy_names()) if p.mamba_state_commit != "none"]
+                    ex = decode_conv_executor(model, hw, pols[0], dev, log)
                     # On the CPU (tests) the interpreter runs the kernels: the shortest table will do.
-                    rows = gdn_decode_conv_table(ex, list(pols.values()), bw, log, reps=20 if cuda else 1,
+                    rows = gdn_decode_conv_table(ex, pols, bw, log, reps=20 if cuda else 1,
                                                  batches=None if cuda else 2)
                     del ex
+                    from calibrate.decode_conv_none import BATCHES, none_decode_conv_rows
+                    rows += none_decode_conv_rows(model, dev, bw, reps=20 if cuda else 1,
+                                                  batches=BATCHES if cuda else BATCHES[:2], log=log)
                     write_rows(mdir / f"{DECODE_CONV}.csv", rows, DECODE_CONV_COLUMNS)
                     done[job] = len(rows)
                 else:

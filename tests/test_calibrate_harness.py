@@ -111,7 +111,8 @@ def test_decode_conv_table_per_policy(measured):
     mdir, _, _ = measured
     rows = list(csv.DictReader((mdir / "gdn_decode_conv.csv").open()))
     assert tuple(rows[0]) == DECODE_CONV_COLUMNS
-    assert {r["policy"] for r in rows} == {"store_all", "reconstruct", "replay", "reconstruct_deferred"}
+    assert {r["policy"] for r in rows} == {"store_all", "reconstruct", "replay", "reconstruct_deferred", "none"}
+    assert {int(r["P"]) for r in rows if r["policy"] == "none"} == {1}  # one token per request, no speculation
     assert all(int(r["tokens"]) == int(r["B"]) * int(r["P"]) and float(r["us"]) > 0 for r in rows)
     assert len({r["B"] for r in rows}) == 2  # the CPU's short table
     replay = {int(r["tokens"]): float(r["us"]) for r in rows if r["policy"] == "replay"}
