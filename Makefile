@@ -110,6 +110,8 @@ calibrate-validate: venv
 docs: venv
 	@test -z "$$(git status --porcelain --untracked-files=no)" || { \
 	  echo "make docs: the tree has uncommitted changes; commit them first (docs/ records the commit it was made from)"; exit 1; }
+	# the plan first: it records the commit, and the sweeps below leave docs/ changed until committed
+	$(MAKE) plan-example
 	$(MAKE) sweep WORKLOAD=sharegpt SWEEP_OUT=results/sweeps/sharegpt
 	$(MAKE) sweep WORKLOAD=sharegpt GRID=configs/grids/trees.yaml SWEEP_OUT=results/sweeps/sharegpt-trees
 	rm -rf docs/sweeps docs/runs && mkdir -p docs/runs
@@ -123,7 +125,6 @@ docs: venv
 	$(MAKE) validate VALIDATION_OUT=results/validation
 	rm -rf docs/validation && mkdir -p docs/validation && cp -r results/validation/validation.csv \
 	  results/validation/validation.json results/validation/figures docs/validation/
-	$(MAKE) plan-example
 	$(PY) -m sim report --readme --write README.md
 
 # The traced runs the step replay executes (calibrate/REPLAY.md): sharegpt, three policies x gmu 0.6 / 0.9
