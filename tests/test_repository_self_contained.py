@@ -36,7 +36,7 @@ def test_docs_links_resolve_inside_the_repository():
     assert not broken, broken
 
 
-# How the project was built is not the reader's business: no sessions, rounds or numbered issues of
+# How the project was built is not the reader's business: no work periods, rounds or numbered issues of
 # ours (an issue of another project, such as vLLM's, is a source and is named with its project).
 BUILD_HISTORY = re.compile(r"(?i)\bsessions?\b|(?<!vllm )(?<!vllm's )\bissue[ -]?#?\d+|\bround[ -]?\d+\b")
 
