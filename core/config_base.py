@@ -1,0 +1,17 @@
+"""What every configuration schema shares: the strict base model, dtype names and their sizes, byte units."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+DType = Literal["float32", "bfloat16", "float16"]
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "bf16": 2, "fp8": 1}
+
+
+class Strict(BaseModel):
+    """A schema that refuses unknown fields and cannot be changed once made."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
