@@ -23,7 +23,7 @@ Rows list ranks 0..RANK_COLUMNS-1; wider trees than that gain nothing more.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -86,23 +86,21 @@ class AcceptanceStream:
     """One request's seeded uniforms, consumed D per verify step; the accepted counts of
     UNIFORM_BLOCK steps are worked out at once from each block of uniforms."""
 
-    __slots__ = ("_rng", "_counts", "_pos", "thresholds", "depth")
+    __slots__ = ("_rng", "_counts", "thresholds", "depth")
 
     def __init__(self, seed: int, request_id: int, thresholds: tuple[float, ...]) -> None:
         self._rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, request_id])))
         self.thresholds = thresholds
         self.depth = len(thresholds)
-        self._counts: list[int] = []
-        self._pos = 0
+        self._counts: Iterator[int] = iter(())  # the current block's counts not yet used
 
     def accepted_drafts(self) -> int:
         """Drafts accepted along the tree's best path this verify step (0..D)."""
-        i = self._pos
-        if i == len(self._counts):
-            self._counts = self._block()
-            i = 0
-        self._pos = i + 1
-        return self._counts[i]
+        a = next(self._counts, -1)
+        if a < 0:
+            self._counts = iter(self._block())
+            a = next(self._counts)
+        return a
 
     def _block(self) -> list[int]:
         # Depth d is accepted iff its uniform is below P(rank < w_d) and every depth before it was:

@@ -36,7 +36,7 @@ from sim.metrics import StepLog
 from sim.pool import Pool
 from sim.request import Request, Status
 from sim.scheduler import Scheduler, StepPlan
-from sim.step_trace import BatchRequest, TracedRequest, assemble_batch
+from sim.step_trace import BatchColumns, TracedRequest, assemble_columns
 from workloads.base import RequestSpec
 
 @dataclass
@@ -62,6 +62,7 @@ class Engine:
         self.draft_depth = policy.model.mtp_depth
         self.spec_enabled = scheduler.verify_positions > 1
         self.tree_forces_eager = policy.forces_eager()
+        self.commit_state_kept = policy.request_state() is not None  # replay's input cache, per request
         # vLLM's capture sizes (sim.dispatch): fixed for the run, so asked once
         self.capture_sizes = capture_sizes(scheduler.max_seqs, scheduler.max_tokens, scheduler.verify_positions)
         self.async_scheduling = scheduler.async_scheduling
@@ -139,30 +140,37 @@ class Engine:
         raise RuntimeError(f"engine stalled at t={now}: {len(sched.waiting)} waiting, nothing schedulable")
 
     def _batch(self, plan: StepPlan) -> StepBatch:
-        """The StepBatch the latency model prices for this plan."""
+        """The StepBatch the latency model prices for this plan: the scheduled requests gathered
+        into columns over the batch (sim.step_trace.BatchColumns)."""
         vp = self.scheduler.verify_positions
-        trace = self.steps.trace
-        widths = self.policy.tree.widths
-        reqs: list[BatchRequest] = []
-        traced: list[TracedRequest] = []
-        for s in plan.scheduled.values():
-            req, n, spec = s.req, s.tokens, s.spec
-            replayed, flush = 0, True
-            if spec and req.commit_state is not None:
-                replayed, flush = req.commit_state.verify_work()
+        scheduled = plan.scheduled.values()
+        reqs = [s.req for s in scheduled]
+        tokens = [s.tokens for s in scheduled]
+        contexts = [r.computed for r in reqs]
+        spec = [s.spec for s in scheduled]
+        if all(spec):
+            decoding = spec
+        else:
             # A 1-token step at the end of the known tokens decodes; anything else is a prompt chunk.
-            decoding = spec or (n == 1 and req.computed + 1 == req.prompt + req.generated)
-            reqs.append(BatchRequest(n, req.computed, decoding, spec, replayed, flush))
-            if trace:
-                # A chain truncated to the token budget verifies its first n - 1 drafts. A verify's
-                # accepted count is reported when it completes (StepLog.accepted); one whose outputs
-                # are discarded (async: its request already finished) keeps the bonus token's 1.
-                tree = (widths if n == vp else widths[:n - 1]) if spec else ()
-                traced.append(TracedRequest(req.rid, 0 if decoding else n, req.computed, tree,
-                                            1 if decoding else 0, replayed, flush))
-        return assemble_batch(reqs, verify_positions=vp, draft_depth=self.draft_depth if self.spec_enabled else 0,
-                              sizes=self.capture_sizes,
-                              full_graph_ok=not self.tree_forces_eager, requests=tuple(traced))
+            decoding = [sp or (n == 1 and ctx + 1 == r.prompt + r.generated)
+                        for sp, n, ctx, r in zip(spec, tokens, contexts, reqs)]
+        replayed = flush = None
+        if self.commit_state_kept:
+            work = [r.commit_state.verify_work() if sp else (0, True) for sp, r in zip(spec, reqs)]
+            replayed, flush = [w[0] for w in work], [w[1] for w in work]
+        traced: tuple[TracedRequest, ...] = ()
+        if self.steps.trace:
+            # A chain truncated to the token budget verifies its first n - 1 drafts. A verify's
+            # accepted count is reported when it completes (StepLog.accepted); one whose outputs
+            # are discarded (async: its request already finished) keeps the bonus token's 1.
+            widths = self.policy.tree.widths
+            traced = tuple(TracedRequest(r.rid, 0 if dec else n, ctx,
+                                         ((widths if n == vp else widths[:n - 1]) if sp else ()), 1 if dec else 0,
+                                         replayed[i] if replayed else 0, flush[i] if flush else True)
+                           for i, (r, n, ctx, dec, sp) in enumerate(zip(reqs, tokens, contexts, decoding, spec)))
+        return assemble_columns(BatchColumns(tokens, contexts, decoding, spec, replayed, flush), verify_positions=vp,
+                                draft_depth=self.draft_depth if self.spec_enabled else 0, sizes=self.capture_sizes,
+                                full_graph_ok=not self.tree_forces_eager, requests=traced)
 
     def _execute(self, plan: StepPlan) -> dict[int, int]:
         """The step's sampled result: drafts accepted per verifying request, from its acceptance stream."""
@@ -170,10 +178,13 @@ class Engine:
         trace = self.steps.trace
         done = Status.FINISHED
         for rid, s in plan.scheduled.items():
-            if not s.spec or s.req.status is done:
+            if not s.spec:
+                continue
+            req = s.req
+            if req.status is done:
                 continue  # async: a finished request's verify is discarded, nothing is drawn for it
-            a = s.req.acceptance.accepted_drafts()
-            if a > s.tokens - 1:
+            a = req.acceptance.accepted_drafts()
+            if a >= s.tokens:
                 a = s.tokens - 1  # a truncated chain verified only n - 1 drafts
             if trace:
                 self.steps.accepted(rid, a + 1)

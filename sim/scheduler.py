@@ -113,30 +113,38 @@ class Scheduler:
         la = self.lookahead
         running = self.running
         scheduled_reqs = plan.scheduled
+        sync = not self.async_scheduling
+        truncate = self.truncate_drafts
+        align = self.align_tokens
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            computed = req.computed + req.inflight  # vLLM's num_computed_tokens
-            num_tokens = req.prompt + req.generated
-            if req.inflight and computed >= num_tokens:
+            inflight = req.inflight
+            computed = req.computed + inflight  # vLLM's num_computed_tokens
+            prompt = req.prompt
+            num_tokens = prompt + req.generated
+            if inflight and computed >= num_tokens:
                 # Its in-flight step samples and its output is not known yet.
                 if req.generated + 1 >= req.output:
                     i += 1  # that step surely finishes it: no extra step
                     continue
                 remaining, draft = 1, True  # the in-flight step's drafter fills the placeholders
             else:
-                remaining, draft = num_tokens - computed, req.has_draft and not self.async_scheduling
+                remaining, draft = num_tokens - computed, sync and req.has_draft
             spec = False
             if remaining == 1 and draft and vp > 1:
                 if vp <= budget:
                     n, spec = vp, True
-                elif self.truncate_drafts:
+                elif truncate:
                     n = budget
                     spec = n > 1
                 else:
                     n = 1
             else:
-                n = self._chunk(req, computed, min(remaining, budget))
+                n = remaining if remaining < budget else budget
+                # Only a prefill chunk is aligned (_chunk's own test, asked here to spare decodes the call).
+                if align and (computed < prompt or computed < num_tokens - 1):
+                    n = self._chunk(req, computed, n)
                 if n == 0:
                     i += 1  # align mode: no aligned chunk fits the budget left; later requests may
                     continue
@@ -236,40 +244,41 @@ class Scheduler:
         spec_enabled = self.verify_positions > 1
         done, waiting = Status.FINISHED, Status.WAITING  # looked up once: this loop runs per request
         for rid, s in plan.scheduled.items():
-            req, n = s.req, s.tokens
+            req = s.req
             status = req.status
             if status is done:
                 continue  # async: an earlier step's outputs ended it; this step's tokens are discarded
             # Async: preempted while this step ran. Its sampled tokens still count (vLLM appends
             # them); its KV and state are recomputed from scratch, so progress is not kept.
             preempted = status is waiting
-            if not preempted:
-                req.inflight -= n
             if s.spec:
-                a = accepted[rid]
+                emit = accepted[rid] + 1  # the accepted drafts and the bonus token
                 req.spec_steps += 1
-                req.spec_tokens += a + 1
-                emit = a + 1
+                req.spec_tokens += emit
                 if not preempted:
-                    req.computed += 1 + a  # the root token and the accepted drafts; the bonus is sampled
+                    req.inflight -= s.tokens
+                    req.computed += emit  # the root token and the accepted drafts; the bonus is sampled
                     if req.commit_state is not None:
-                        req.commit_state.committed(a + 1)
+                        req.commit_state.committed(emit)
             else:
                 if not preempted:
+                    n = s.tokens
+                    req.inflight -= n
                     req.computed += n
-                emit = 1 if s.samples else 0  # a prompt chunk samples a token only when it is the last
-            if not emit:
-                continue
-            left = req.output - req.generated
+                if not s.samples:
+                    continue  # a prompt chunk samples a token only when it is the last
+                emit = 1
+            generated = req.generated
+            left = req.output - generated
             if emit > left:
                 emit = left  # the request stops at its output length; extra accepted tokens are dropped
-            if req.generated == 0:
+            if generated == 0:
                 req.first_token_s = now
-            req.generated += emit
+            req.generated = generated = generated + emit
             req.token_times.append(now)
             if not preempted:
                 req.has_draft = spec_enabled  # the drafter ran over this request's new tokens
-            if req.generated >= req.output:
+            if generated >= req.output:
                 self._finish(req)
                 req.status = done
                 req.finish_s = now

@@ -12,9 +12,10 @@ File format (one file, written atomically):
   then     one row per step; `requests` is a JSON list with one list per request in
            REQUEST_FIELDS order (compact: a loaded server schedules ~100 per step).
 
-`assemble_batch` is the one place that turns a step's requests into the StepBatch the
-latency model prices; the engine calls it, and so does `batch_of` for a traced step,
-so a replayed step is priced exactly as the simulator priced it.
+`assemble_columns` is the one place that turns a step's requests into the StepBatch the
+latency model prices; the engine calls it with the batch gathered into columns, and
+`batch_of` (through `assemble_batch`, rows of one request each) for a traced step, so a
+replayed step is priced exactly as the simulator priced it.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ REQUEST_FIELDS = ("rid", "prefill", "context", "tree", "accepted", "replayed", "
 HEAD = ("step", "time_s", "kind", "num_seqs", "num_tokens", "prefill_tokens", "predicted_us")
 TERM_PREFIX = "us_"
 
-__all__ = ["STEP_KINDS", "BatchRequest", "StepTraceError", "TracedRequest", "TracedStep", "assemble_batch", "batch_of",
+__all__ = ["STEP_KINDS", "BatchColumns", "BatchRequest", "StepTraceError", "TracedRequest", "TracedStep", "assemble_batch", "assemble_columns", "batch_of",
            "read_steps", "write_steps"]
 
 
@@ -94,39 +95,58 @@ def assemble_batch(reqs: Iterable[BatchRequest], *, verify_positions: int, draft
                    requests: tuple[TracedRequest, ...] = ()) -> StepBatch:
     """The StepBatch of one step's scheduled requests, dispatched by vLLM's rules
     (`requests`: the same requests in detail, kept in the batch when tracing)."""
-    prefill_tokens = prefill_seqs = decode_seqs = spec_seqs = replay_tokens = flush_seqs = truncated = 0
-    context_tokens = max_context = tokens = num_seqs = 0
-    uniform_len = verify_positions if draft_depth else 1
-    uniform = True  # every decoding request runs the uniform decode's query length
-    chunks: list[tuple[int, int]] = []
-    for n, ctx, dec, spec, replayed, flush in reqs:
-        num_seqs += 1
-        tokens += n
-        context_tokens += ctx
-        if ctx > max_context:
-            max_context = ctx
-        if not dec:
-            prefill_tokens += n
-            prefill_seqs += 1
-            chunks.append((n, ctx))
-            continue
-        decode_seqs += 1
-        if n != uniform_len:
-            uniform = False
-        if spec:
-            spec_seqs += 1
-            truncated += verify_positions - n
-            replay_tokens += replayed
-            flush_seqs += flush
+    rows = list(reqs)
+    decoding = [r[2] for r in rows]
+    spec = [r[3] and r[2] for r in rows]  # a prompt chunk verifies nothing
+    return assemble_columns(BatchColumns([r[0] for r in rows], [r[1] for r in rows], decoding, spec,
+                                         [r[4] for r in rows], [r[5] for r in rows]),
+                            verify_positions=verify_positions, draft_depth=draft_depth, sizes=sizes,
+                            full_graph_ok=full_graph_ok, requests=requests)
+
+
+class BatchColumns(NamedTuple):
+    """A step's scheduled requests as columns, one entry per request in scheduling order
+    (the engine gathers them over the batch; a request that verifies a draft also decodes)."""
+
+    tokens: list[int]  # query tokens
+    contexts: list[int]  # tokens already in the KV cache
+    decoding: list[bool]  # a decode (verify or 1 token), not a prompt chunk
+    spec: list[bool]  # verifies a draft tree
+    replayed: list[int] | None = None  # replay policy: cached tokens replayed before the tree (None: none)
+    flush: list[bool] | None = None  # the commit writes the state back (None: every commit does)
+
+
+def assemble_columns(c: BatchColumns, *, verify_positions: int, draft_depth: int, sizes: Sequence[int],
+                     full_graph_ok: bool, requests: tuple[TracedRequest, ...] = ()) -> StepBatch:
+    """`assemble_batch` over columns: sums over the batch, no object per request."""
+    tokens, contexts, decoding, spec = c.tokens, c.contexts, c.decoding, c.spec
+    num_seqs = len(tokens)
     if not num_seqs:
         raise ValueError("a step needs at least one request")
-    d = dispatch_counts(tokens, num_seqs, decode_seqs, uniform, sizes, full_graph_ok)
+    uniform_len = verify_positions if draft_depth else 1  # the uniform decode's query length
+    if all(decoding):
+        chunks: list[tuple[int, int]] = []
+        decode_seqs = num_seqs
+        uniform = tokens.count(uniform_len) == num_seqs  # every decoding request runs it
+    else:
+        chunks = [(n, ctx) for n, ctx, dec in zip(tokens, contexts, decoding) if not dec]
+        decode_seqs = num_seqs - len(chunks)
+        uniform = all(n == uniform_len for n, dec in zip(tokens, decoding) if dec)
+    spec_seqs = spec.count(True)
+    if spec_seqs == num_seqs:
+        truncated = verify_positions * num_seqs - sum(tokens)
+    else:
+        truncated = sum(verify_positions - n for n, s in zip(tokens, spec) if s)
+    replay_tokens = sum(r for r, s in zip(c.replayed, spec) if s) if c.replayed is not None else 0
+    flush_seqs = sum(1 for f, s in zip(c.flush, spec) if s and f) if c.flush is not None else spec_seqs
+    total = sum(tokens)
+    d = dispatch_counts(total, num_seqs, decode_seqs, uniform, sizes, full_graph_ok)
     return StepBatch(
-        num_seqs=num_seqs, prefill_tokens=prefill_tokens, prefill_seqs=prefill_seqs, decode_seqs=decode_seqs,
-        spec_seqs=spec_seqs, verify_positions=verify_positions, context_tokens=context_tokens,
-        max_context=max_context, eager=d.mode != "full", replay_tokens=replay_tokens, flush_seqs=flush_seqs,
-        draft_depth=draft_depth, truncated=truncated, kind=d.kind, mode=d.mode, padded_tokens=d.padded_tokens,
-        prefill_chunks=tuple(chunks), requests=requests,
+        num_seqs=num_seqs, prefill_tokens=sum(n for n, _ in chunks), prefill_seqs=len(chunks),
+        decode_seqs=decode_seqs, spec_seqs=spec_seqs, verify_positions=verify_positions,
+        context_tokens=sum(contexts), max_context=max(contexts), eager=d.mode != "full",
+        replay_tokens=replay_tokens, flush_seqs=flush_seqs, draft_depth=draft_depth, truncated=truncated,
+        kind=d.kind, mode=d.mode, padded_tokens=d.padded_tokens, prefill_chunks=tuple(chunks), requests=requests,
     )
 
 
