@@ -102,7 +102,7 @@ class GridInterpolator:
         """The curve along the last axis at these leading coordinates (memoised)."""
         c = self._partials.get(prefix)
         if c is None:
-            c = Curve1D(self, self._ndim - 1, [self(*prefix, x) for x in self.axes[-1]])
+            c = Curve1D(self, self._ndim - 1, prefix=prefix)
             if len(self._partials) < Curve1D.MEMO:
                 self._partials[prefix] = c
         return c
@@ -123,19 +123,33 @@ class Curve1D:
     """A one-axis slice of a grid (values at that axis's grid points), fast to evaluate.
 
     Same interpolation and out-of-grid rules as GridInterpolator; out-of-grid queries
-    are counted in the parent's counter. Results are memoised per coordinate, since a
-    simulation asks for the same token counts and batch sizes again and again.
+    are counted in the parent's counter. Given no values, the slice at `prefix` (the
+    leading coordinates) takes each grid point's value from the parent when a query
+    first needs it: a query reads two, and most slices are asked a few times only.
+    Results are memoised per coordinate, since a simulation asks for the same token
+    counts and batch sizes again and again.
     """
 
     MEMO = 100_000  # entries kept per curve
 
-    def __init__(self, parent: GridInterpolator, axis: int, values: Sequence[float]) -> None:
+    def __init__(self, parent: GridInterpolator, axis: int, values: Sequence[float] | None = None,
+                 prefix: tuple[float, ...] = ()) -> None:
         self.parent, self.axis = parent, axis
         self.ax = parent.axes[axis]
         self.is_log = parent.scales[axis] == "log"
         self.t = parent._t[axis]
-        self.v = tuple(math.log(v) for v in values) if self.is_log else tuple(values)
+        self.prefix = prefix
+        # log(value) on a log axis; None: not read from the parent yet
+        self.v: list[float | None] = ([None] * len(self.ax) if values is None else
+                                      [math.log(v) if self.is_log else v for v in values])
         self.memo: dict[float, float] = {}
+
+    def _value(self, j: int) -> float:
+        v = self.v[j]
+        if v is None:
+            y = self.parent(*self.prefix, self.ax[j])
+            v = self.v[j] = math.log(y) if self.is_log else y
+        return v
 
     def __call__(self, x: float) -> float:
         y = self.memo.get(x)
@@ -144,14 +158,16 @@ class Curve1D:
         scale, xd = 1.0, x
         if x < self.ax[0] or x > self.ax[-1]:
             xd, scale = self.parent._outside(self.axis, x)
-        t, v = self.t, self.v
+        t = self.t
         if len(t) == 1:
-            y = math.exp(v[0]) if self.is_log else v[0]
+            y = self._value(0)
+            y = math.exp(y) if self.is_log else y
         else:
             xt = math.log(xd) if self.is_log else xd
             i = min(bisect_right(t, xt) - 1, len(t) - 2)
             w = (xt - t[i]) / (t[i + 1] - t[i])
-            y = v[i] + (v[i + 1] - v[i]) * w
+            lo = self._value(i)
+            y = lo + (self._value(i + 1) - lo) * w
             y = math.exp(y) if self.is_log else y
         y *= scale
         if len(self.memo) < self.MEMO:

@@ -65,6 +65,7 @@ class PipelinePricing:
         # max_num_batched_tokens entries), the drafter passes by tokens, requests and depth.
         self._dense: dict[int, tuple[float, float, float, float]] = {}
         self._drafter: dict[tuple[int, int, int], tuple[list[tuple[int, float]], tuple[int, ...]]] = {}
+        self._drafter_pass: dict[tuple[int, int], float] = {}
 
     def step_time(self, b: StepBatch) -> StepTime:
         us, ops, prepare, finish, cores, host_total = self.parts(b)
@@ -86,7 +87,10 @@ class PipelinePricing:
                 self._shapes[key] = built
         # Core 0: the target's (and the first drafter pass's) attention core; then one per later pass.
         cores = [self._attention_core_us(b, b.decode_seqs, b.decode_tokens, b.chunks)]
-        cores += [self._attention_core_us(b, b.num_seqs, b.num_seqs * w, ()) for w in built.later_pass_widths]
+        if built.later_pass_widths:
+            # A chain's later passes are alike (width 1): each distinct width's core is priced once.
+            by_width = {w: self._attention_core_us(b, b.num_seqs, b.num_seqs * w, ()) for w in set(built.later_pass_widths)}
+            cores += [by_width[w] for w in built.later_pass_widths]
         us = dict(built.terms_us)
         us["attention"] += self.lat.model.attn_layers * cores[0]
         if b.draft_depth:
@@ -210,14 +214,21 @@ class PipelinePricing:
         then R x width per depth; and the widths of the later passes (their cores are per step)."""
         if not b.draft_depth:
             return [], ()
-        lat, g = self.lat, "graph"
-
-        def one(t: int, rows: int) -> float:
-            return (lat.token_part_us("mtp_fc", g, t) + lat.token_part_us("attn_proj", g, t) + lat.moe_us(g, t)
-                    + lat.token_part_us("lm_head", g, rows))
-
-        npd = lat.nodes_per_depth
+        npd = self.lat.nodes_per_depth
         widths = tuple(npd[min(d, len(npd)) - 1] for d in range(1, b.draft_depth))
-        passes = [(tokens, one(tokens, b.num_seqs))]
-        passes += [(b.num_seqs * w, one(b.num_seqs * w, b.num_seqs * w)) for w in widths]
+        passes = [(tokens, self._drafter_pass_us(tokens, b.num_seqs))]
+        passes += [(b.num_seqs * w, self._drafter_pass_us(b.num_seqs * w, b.num_seqs * w)) for w in widths]
         return passes, widths
+
+    def _drafter_pass_us(self, tokens: int, rows: int) -> float:
+        """One MTP pass over `tokens` with `rows` logits rows, its attention core left out (memoised:
+        the later passes depend on the request count alone)."""
+        key = (tokens, rows)
+        us = self._drafter_pass.get(key)
+        if us is None:
+            lat, g = self.lat, "graph"
+            us = (lat.token_part_us("mtp_fc", g, tokens) + lat.token_part_us("attn_proj", g, tokens)
+                  + lat.moe_us(g, tokens) + lat.token_part_us("lm_head", g, rows))
+            if len(self._drafter_pass) < STEP_MEMO:
+                self._drafter_pass[key] = us
+        return us

@@ -101,3 +101,31 @@ def test_fill_low_completes_a_staircase_grid_from_above():
     # a cell with nothing measured above it along the axis stays missing
     with pytest.raises(ValueError, match="not rectangular"):
         from_rows("v", rows[:-1], ("tokens", "seqs"), ("log", "log"), fill_low="tokens")
+
+
+def test_a_slice_reads_only_the_grid_points_a_query_needs():
+    """partial() fetches a grid point's value from the parent when a query first needs it,
+    and answers exactly as a slice filled at every grid point does (inside and outside the grid)."""
+    from core.interp import Curve1D
+
+    g = grid3(extrapolate=True)
+    calls = []
+    real = GridInterpolator.__call__
+
+    def counting(self, *x):
+        calls.append(x)
+        return real(self, *x)
+
+    GridInterpolator.__call__ = counting
+    try:
+        for b, p in ((3, 2), (64, 16), (1, 1), (100, 5)):
+            full = Curve1D(g, 2, [real(g, b, p, c) for c in CTX])
+            calls.clear()
+            lazy = g.partial(b, p)
+            assert calls == []  # nothing read before a query
+            for c in (1024, 2000, 4096, 9000, 32768, 50000, 500):
+                calls.clear()
+                assert lazy(c) == full(c)
+                assert len(calls) <= 2 and all(x[:2] == (b, p) for x in calls)
+    finally:
+        GridInterpolator.__call__ = real
