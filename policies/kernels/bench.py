@@ -38,7 +38,7 @@ from policies.kernels.bench_policy import policy_variants, run_policy
 from policies.kernels.bench_timing import copy_bandwidth, recover
 from policies.kernels.gpu_checks import run_gpu_tests
 from policies.kernels.tuning import Tuning
-from policies.kernels.variants import VARIANTS
+from policies.kernels.variants import VARIANTS, fastest
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="",
                     help=f"first time these tunings ('all' or a comma list of {','.join(VARIANTS)}) at the target "
                          "shapes, into variants.csv")
+    ap.add_argument("--pick-variant", action="store_true",
+                    help="the main table runs the tuning the --variants run found fastest (verify + commit summed "
+                         "over its cases), recorded in the provenance (tuning_picked)")
+    ap.add_argument("--gpu-test-jobs", type=int, default=1,
+                    help="run the GPU tests split over this many pytest processes at once (their time is compiling)")
     ap.add_argument("--variants-budget-s", type=float, default=0.0,
                     help="start no new variant case after this many seconds of the run (0: only --budget-s)")
     ap.add_argument("--reference-store-all", action="store_true",
@@ -132,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     models = tuple(m.strip() for m in args.models.split(",") if m.strip())
     if not models or any(m not in MODELS for m in models):
         ap.error(f"--models takes a comma-separated subset of {','.join(MODELS)}, got {args.models!r}")
-    trees = tuple(t for t in args.trees.split(";") if t) or (*TREES, "chain")
+    trees = tuple(t for t in args.trees.split(";") if t) or (*TREES, "chain")  # in order: tree outer, then B
     if any(t not in (*TREES, "chain") for t in trees):
         ap.error(f"--trees takes a semicolon-separated subset of {';'.join(TREES)};chain, got {args.trees!r}")
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
@@ -141,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     variants = tuple(VARIANTS) if args.variants == "all" else tuple(v for v in args.variants.split(",") if v)
     if any(v not in VARIANTS for v in variants):
         ap.error(f"--variants takes 'all' or a comma-separated subset of {','.join(VARIANTS)}, got {args.variants!r}")
+    if args.pick_variant and (not variants or args.tuning):
+        ap.error("--pick-variant needs --variants and excludes --tuning")
+    if args.gpu_test_jobs < 1:
+        ap.error(f"--gpu-test-jobs takes a positive count, got {args.gpu_test_jobs}")
     try:
         treewy.TUNING = Tuning.parse(args.tuning) if args.tuning else treewy.TUNING
     except (ValueError, TypeError) as exc:
@@ -152,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     deadline = t_start + args.budget_s if args.budget_s else math.inf
     args.out.mkdir(parents=True, exist_ok=True)
     prov = environment(args)
-    prov["gpu_tests"] = {"skipped": "--skip-gpu-tests"} if args.skip_gpu_tests else run_gpu_tests()
+    prov["gpu_tests"] = {"skipped": "--skip-gpu-tests"} if args.skip_gpu_tests else run_gpu_tests(jobs=args.gpu_test_jobs)
     print(f"GPU tests: {json.dumps(prov['gpu_tests'])}", flush=True)
     if not prov["gpu_tests"].get("passed", args.skip_gpu_tests):
         (args.out / f"{args.stem}_provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
@@ -183,6 +192,18 @@ def main(argv: list[str] | None = None) -> int:
         prov["variants"] = {v: VARIANTS[v].label() for v in variants}
         v_deadline = min(deadline, t_start + args.variants_budget_s) if args.variants_budget_s else deadline
         skipped += run_variants(copy_bw, args.out, v_deadline, variants)
+        if args.pick_variant:
+            with (args.out / "variants.csv").open(newline="") as fh:
+                try:
+                    name, sums = fastest(list(csv.DictReader(fh)))
+                except ValueError as exc:
+                    print(f"bench --pick-variant: {exc}", file=sys.stderr)
+                    return 1
+            treewy.TUNING = VARIANTS[name]
+            prov["tuning"] = treewy.TUNING.label()
+            prov["tuning_picked"] = {"variant": name, "label": treewy.TUNING.label(),
+                                     "total_us_summed_over_cases": sums}
+            print(f"picked variant {name} ({treewy.TUNING.label()}); sums {sums}", flush=True)
         prov_path.write_text(json.dumps(prov, indent=1) + "\n")
     try:
         prov["fla_fused_recurrent"] = ({"available": False, "reason": "--no-fla"} if args.no_fla
@@ -214,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{r['model'][:14]:14} none           B={r['B']:<3} T=1   {r['state_dtype'][:4]} decode "
                           f"{r['verify_us']:9.1f} us {r['pct_of_copy_bw']:5.1f}%", flush=True)
             fh.flush()
-        for c in (c for c in cases(args.quick, dtypes, batches, models) if c.tree in trees):
+        for c in sorted((c for c in cases(args.quick, dtypes, batches, models) if c.tree in trees),
+                        key=lambda c: trees.index(c.tree)):  # stable: the trees named first run at every B first
             if time.time() > deadline:
                 skipped.append(f"{c.model} B={c.B} T={c.T} {c.tree} {c.state_dtype}: not run "
                                f"(time budget {args.budget_s:.0f} s)")

@@ -59,10 +59,30 @@ VARIANTS: dict[str, Tuning] = {
     # The fused verify skipping the ancestor-mask blocks without ancestors (wide trees' leaves).
     "sparse": Tuning(sparse=True),
     "chain-sparse": Tuning(chain=True, sparse=True),
+    "chain-max4-sparse": Tuning(chain=True, chain_max=4, sparse=True),
+    "chain-max16-sparse": Tuning(chain=True, chain_max=16, sparse=True),
 }
 # (tree name, parents, B) at 35B-A3B shapes: the cases with a target (policies/kernels/README.md).
 VARIANT_CASES = (("1,1,1", tuple(full((1, 1, 1))), 128), ("3,3,3", tuple(full((3, 3, 3))), 128),
                  ("chain", tuple(chain(16)), 64), ("chain", tuple(chain(64)), 64))
+
+
+def fastest(rows: list[dict]) -> tuple[str, dict[str, float]]:
+    """The tuning a variants run (variants.csv rows: only tunings that passed their check have rows)
+    found fastest: the least verify + commit summed over every case the run timed for each tuning
+    (a tuning cut short by the time budget is not eligible); and each eligible tuning's sum."""
+    cases: dict[str, set] = {}
+    totals: dict[str, float] = {}
+    for r in rows:
+        cases.setdefault(r["variant"], set()).add((r["policy"], r["tree"], int(r["T"]), int(r["B"])))
+        totals[r["variant"]] = totals.get(r["variant"], 0.0) + float(r["total_us"])
+    if not totals:
+        raise ValueError("no variant was timed")
+    every = set().union(*cases.values())
+    eligible = {v: round(t, 1) for v, t in totals.items() if cases[v] == every}
+    if not eligible:
+        raise ValueError("no variant was timed at every case")
+    return min(eligible, key=eligible.get), dict(sorted(eligible.items(), key=lambda kv: kv[1]))
 
 
 def _on(x: dict, device: str) -> dict:
