@@ -28,6 +28,8 @@ import importlib
 import importlib.metadata
 import json
 import math
+import os
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -241,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {','.join(KINDS)}")
     ap.add_argument("--tuning", default="", help="our kernels' tuning (fields of Tuning), as the main bench's")
     ap.add_argument("--time-budget-s", type=float, default=0.0, help="start no new kernel after this (0: no limit)")
-    ap.add_argument("--git-commit", default="unknown")
+    ap.add_argument("--git-commit", default=os.environ.get("GIT_COMMIT", "unknown"))
     a = ap.parse_args(argv)
     try:
         Ts = tuple(int(t) for t in a.T.split(",") if t.strip())
@@ -252,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     if not Ts or any(k not in KINDS for k in kinds):
         ap.error(f"--kinds takes a comma-separated subset of {','.join(KINDS)}; --T a list of lengths")
     if not torch.cuda.is_available():
-        print("bench_flashinfer: needs a CUDA GPU (run it through the device tool)", file=__import__("sys").stderr)
+        print("bench_flashinfer: needs a CUDA GPU (run it through the device tool)", file=sys.stderr)
         return 2
     t0 = time.time()
     deadline = t0 + a.time_budget_s if a.time_budget_s else math.inf
@@ -260,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     copy_bw = copy_bandwidth()
     print(f"copy bandwidth {copy_bw / 1e12:.3f} TB/s", flush=True)
     prov = dict(gpu=torch.cuda.get_device_name(0), torch=torch.__version__, git_commit=a.git_commit,
-                command=" ".join(["python3", "-m", "policies.kernels.bench_flashinfer", *(argv or [])]),
+                command=" ".join(["python3", "-m", "policies.kernels.bench_flashinfer",
+                                  *(sys.argv[1:] if argv is None else argv)]),
                 tuning=treewy.TUNING.label(), copy_bw_bytes_per_s=copy_bw, model=MODEL, B=a.B, T=list(Ts),
                 date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), unavailable={}, failed={}, skipped=[])
     try:
