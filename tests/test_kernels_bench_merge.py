@@ -104,3 +104,23 @@ def test_models_filter_the_main_table(capsys):
     with pytest.raises(SystemExit) as exc:
         bench.main(["--out", "unused", "--models", "qwen3.5-35b-a3b,nope"])
     assert exc.value.code == 2 and "--models takes" in capsys.readouterr().err
+
+
+def test_merge_drop_leaves_out_the_named_rows(tmp_path):
+    cols = COLS + ["state_dtype"]
+    write(tmp_path / "kernels.csv", [row("reconstruct", 128, 9.0, state_dtype="float32")], cols, {"gpu": "old"})
+    new = [row("reconstruct", 128, 5.0, state_dtype="float32"), row("replay", 128, 6.0, state_dtype="float32"),
+           row("replay", 128, 7.0, state_dtype="float32", replayed_tokens=12, flush=0),
+           row("reconstruct_deferred", 128, 8.0, state_dtype="float32")]
+    write(tmp_path / "run.csv", new, cols, {"gpu": "H200"})
+    assert bench.main(["--out", str(tmp_path), "--merge", str(tmp_path / "run.csv"), "--merge-run", "run12",
+                       "--merge-drop", "reconstruct@1,1,1", "--merge-drop", "replay@1,1,1@0"]) == 0
+    with (tmp_path / "kernels.csv").open() as fh:
+        got = {(r["policy"], r["replayed_tokens"]): (r["verify_us"], r["run"]) for r in csv.DictReader(fh)}
+    assert got == {("reconstruct", "0"): ("9.0", "run1"), ("replay", "12"): ("7.0", "run12"),
+                   ("reconstruct_deferred", "0"): ("8.0", "run12")}
+    prov = json.loads((tmp_path / "kernels_provenance.json").read_text())
+    assert prov["parts"][-1]["dropped"] == ["reconstruct@1,1,1", "replay@1,1,1@0"]
+    with pytest.raises(SystemExit):
+        bench.main(["--out", str(tmp_path), "--merge", str(tmp_path / "run.csv"), "--merge-run", "run13",
+                    "--merge-drop", "store_all@1,1,1"])  # matches no row: refused

@@ -33,7 +33,8 @@ class Spy:
 @pytest.fixture
 def chain_spy(monkeypatch):
     """Counts chain-kernel launches; the chain verify on, for chains of any length (chain_max: all positions)."""
-    monkeypatch.setattr(treewy, "TUNING", dataclasses.replace(treewy.TUNING, chain=True, chain_max=treewy.MAX_POSITIONS))
+    monkeypatch.setattr(treewy, "TUNING", dataclasses.replace(treewy.TUNING, chain=True, chain_max=treewy.MAX_POSITIONS,
+                                                               chain_pending_max=treewy.MAX_POSITIONS))
     spy = Spy(treewy._chain_kernel)
     monkeypatch.setattr(treewy, "_chain_kernel", spy)
     return spy
@@ -140,10 +141,20 @@ def test_long_chains_keep_the_fused_kernel(chain_spy, monkeypatch):
     assert chain_spy.launches == 1
 
 
-def test_chain_verify_is_off_by_default(chain_spy, monkeypatch):
-    """Until the H200 times it, the default tuning verifies chains on the tree kernels."""
+def test_default_tuning_walks_only_short_chains_with_a_pending_commit(chain_spy, monkeypatch):
+    """The H200's choice: reconstruct's verify keeps the fused kernel on chains; reconstruct_deferred's
+    (which first applies the pending commit) walks chains of up to 4 positions, longer ones fused."""
     monkeypatch.setattr(treewy, "TUNING", treewy.Tuning())
     x = random_inputs([chain(4), chain(4)], hk=1, hv=2, dk=16, dv=16, seed=6)
-    o_ref, _ = R.recurrence(**x)
+    o_ref, states = R.recurrence(**x)
     o, _ = reconstruct.verify(**{**x, "state": x["state"].clone()})
     assert chain_spy.launches == 0 and rel_err(o, o_ref) < TOL[torch.float32]
+    ds = RD.DeferredState.start(x["state"].clone(), max_path=8, hk=1, k_dtype=x["k"].dtype)
+    o, ctx = RD.verify(**{**x, "state": ds})
+    assert chain_spy.launches == 1 and rel_err(o, o_ref) < TOL[torch.float32]
+    RD.commit(ctx, torch.tensor([3, 1], dtype=torch.int32))
+    y = random_inputs([chain(5), chain(2)], hk=1, hv=2, dk=16, dv=16, seed=8)
+    truth = states[torch.arange(2), torch.tensor([3, 1])]
+    o_ref, _ = R.recurrence(**{**y, "state": truth})
+    o, _ = RD.verify(**{**y, "state": ds})  # 5 positions: the fused kernel, the pending path applied there
+    assert chain_spy.launches == 1 and rel_err(o, o_ref) < TOL[torch.float32]

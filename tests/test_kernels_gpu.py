@@ -259,7 +259,8 @@ def test_chain_verify_real_shapes(monkeypatch, dtype, tol, shape):
     node) and reconstruct_deferred over three steps, state in `dtype`, inside a CUDA graph whose
     chain lengths change between replays."""
     from policies.kernels import treewy
-    monkeypatch.setattr(treewy, "TUNING", dataclasses.replace(treewy.TUNING, chain=True, chain_bv=shape[0],
+    monkeypatch.setattr(treewy, "TUNING", dataclasses.replace(treewy.TUNING, chain=True, chain_max=8, chain_pending_max=8,
+                                                               chain_bv=shape[0],
                                                                chain_warps=shape[1]))
     x = on_gpu(random_inputs([chain(8), chain(5), [-1]], hk=16, hv=32, dk=128, dv=128, seed=7, dtype=torch.bfloat16))
     x["state"] = x["state"].to(dtype)

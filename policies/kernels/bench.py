@@ -33,7 +33,7 @@ from policies.kernels.bench_cases import (BATCHES, FIELDS, KERNELS_B, MAX_FOOTPR
                                           STATE_DTYPES, STUDY_MODELS, TREES, cases, none_cases)
 from policies.kernels.bench_extras import environment, kernels_vs_T, run_variants, summary
 from policies.kernels.bench_fla import fla_reference, none_rows
-from policies.kernels.bench_merge import merge, variant_rows
+from policies.kernels.bench_merge import drop_rows, merge, variant_rows
 from policies.kernels.bench_policy import policy_variants, run_policy
 from policies.kernels.bench_timing import copy_bandwidth, recover
 from policies.kernels.gpu_checks import run_gpu_tests
@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="no run: merge one tuning (--variant) of this --variants file (variants.csv, graph timings) "
                          "into OUT/STEM.csv as a run of its own (--merge-run), like --merge")
     ap.add_argument("--variant", default="", help="with --merge-variants: the tuning (column `variant`) to merge")
+    ap.add_argument("--merge-drop", action="append", default=[],
+                    help="with --merge: leave out the merged file's rows of POLICY@TREE[@REPLAYED] (e.g. "
+                         "'reconstruct@1,1,1': rows timing a kernel the default tuning no longer runs there)")
     ap.add_argument("--merge-keep-run", action="append", default=[],
                     help="with --merge/--merge-variants: fail rather than replace any row of this run")
     args = ap.parse_args(argv)
@@ -107,6 +110,14 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--merge and --merge-variants exclude each other")
         command = shlex.join(["python3", "-m", "policies.kernels.bench"] + list(sys.argv[1:] if argv is None else argv))
         src, new, extra = args.merge, None, None
+        if args.merge_drop:
+            if args.merge is None:
+                ap.error("--merge-drop goes with --merge")
+            try:
+                new = drop_rows(args.merge, args.merge_drop)
+            except ValueError as exc:
+                ap.error(str(exc))
+            extra = {"dropped": args.merge_drop}
         if args.merge_variants is not None:
             if not args.variant:
                 ap.error("--merge-variants needs --variant")

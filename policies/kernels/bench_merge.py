@@ -74,6 +74,28 @@ def variant_rows(path: Path, variant: str) -> tuple[list[dict], dict]:
     return rows, prov
 
 
+def drop_rows(path: Path, drops: list[str]) -> tuple[list[dict], dict]:
+    """A kernels CSV's rows and provenance, less the rows matching any of `drops` ("POLICY@TREE" or
+    "POLICY@TREE@REPLAYED"); each pattern must match at least one row."""
+    with path.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    p = path.with_name(f"{path.stem}_provenance.json")
+    prov = json.loads(p.read_text()) if p.exists() else {}
+    keep = rows
+    for d in drops:
+        parts = d.split("@")
+        if len(parts) not in (2, 3):
+            raise ValueError(f"--merge-drop takes POLICY@TREE[@REPLAYED], got {d!r}")
+
+        def hit(r: dict, parts=parts) -> bool:
+            return r["policy"] == parts[0] and r["tree"] == parts[1] and \
+                (len(parts) == 2 or str(r["replayed_tokens"]) == parts[2])
+        if not any(hit(r) for r in keep):
+            raise ValueError(f"--merge-drop {d!r} matches no row of {path}")
+        keep = [r for r in keep if not hit(r)]
+    return keep, {**prov, "dropped_before_merge": list(drops)}
+
+
 def merge(out_csv: Path, new_csv: Path, run: str, base_run: str, notes: list[str] | None = None,
           new: tuple[list[dict], dict] | None = None, keep_runs: tuple[str, ...] = (),
           command: str = "", part_extra: dict | None = None) -> dict[str, int]:

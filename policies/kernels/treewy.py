@@ -17,7 +17,7 @@ Verify is two launches (one with `Tuning.prep` for T <= 16); commit one. `TUNING
   `_commit_dot_kernel` / `_state_kernel`  the commit: S_a = G_a S_0 + sum over the path
                    (G_a / G_i) u_i k_i^T, in place; 16 path nodes per tl.dot, or one rank-1
                    update per node (run 1: 77% of copy bandwidth at B = 64, T = 4).
-  `_chain_kernel`  (chains the caller declares, up to `Tuning.chain_max` positions) the verify in
+  `_chain_kernel`  (chains the caller declares, up to `Tuning.chain_max` / `chain_pending_max`) the verify in
                    recurrent form: the state tile in registers, float32 FMA, no solve (chain_kernel.py).
   `_gather_path_kernel`  reconstruct_deferred's commit: the accepted path's weighted u and k
                    into the pending buffer; `_flush_kernel` writes a pending commit alone.
@@ -149,7 +149,7 @@ def wy_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     """Outputs of positions out_start.. (earlier ones are replayed history) and the solve.
     With `pending`, the deferred commit is first applied to `state` (written in place).
     chain: every tree is a chain (parent[t] = t - 1), verified in recurrent form when TUNING.chain and
-    T <= TUNING.chain_max;
+    T <= TUNING.chain_max (TUNING.chain_pending_max with `pending`);
     with `cached` (replay), positions [cached[b], out_start) are unused cache slots off the chain."""
     B, T, Hk, DK = q.shape
     Hv, DV = v.shape[2:]
@@ -157,7 +157,7 @@ def wy_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     if T > MAX_POSITIONS:
         raise ValueError(f"T (verify positions, replayed cache included) must be at most {MAX_POSITIONS}, got {T}")
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
-    if chain and TUNING.chain and T <= TUNING.chain_max:
+    if chain and TUNING.chain and T <= (TUNING.chain_max if pending is None else TUNING.chain_pending_max):
         o, u, mask, gc = chain_pass(q, k, v, g.contiguous(), beta, state, lengths, out_start, pending, cached)
         return o, TreeSolve(k=k, state=state, lengths=lengths, u=u, gc=gc, mask=mask)
     if TUNING.prep and T <= BC and (pending is not None or verify_kernel(T) == "fused"):

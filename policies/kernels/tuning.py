@@ -64,21 +64,27 @@ class Tuning:
     pack: bool = True
     prep: bool = True
     prec: str = "bf16x3"
-    # Chains (every parent[t] = t - 1, declared by the caller) of at most chain_max positions (replay:
-    # cache slots included) verify in recurrent form (`_chain_kernel`): chain_bv state rows per program,
-    # chain_warps warps. The walk costs a few float32 passes over the tile per position where the fused
-    # kernel's 16-position blocks run on the tensor cores (fla's recurrence at B = 128: 178 us at T = 4,
-    # 518 at T = 16), so long chains keep the fused kernel. 8 rows and 1 warp (fla's fused_recurrent
-    # shape): compiled for sm_90, its loop issues 427 warp instructions per position for 1,024 state
-    # values, 32 x 4 (vLLM's decode kernel's) 1,307 and 16 x 2 674 (PROFILE.md). Off by default until
-    # the H200 times it (kernels.csv prices the kernels above): the variants "chain*" time it.
-    chain: bool = False
-    chain_max: int = 8
+    # Chains (every parent[t] = t - 1, declared by the caller) verify in recurrent form (`_chain_kernel`)
+    # when `chain` and they have at most chain_max positions (replay: cache slots included) or, for the
+    # verify that first applies a pending commit (reconstruct_deferred), chain_pending_max; chain_bv state
+    # rows per program, chain_warps warps (fla's fused_recurrent shape, 8 x 1). The walk costs a few
+    # float32 passes over the tile per position where the fused kernel's blocks run on the tensor cores.
+    # H200, 35B-A3B, float32 state, B = 128 (kernels_variants_2026-12-02-1429.csv; T = 8 from
+    # kernels_flashinfer_2026-12-02.csv against run11 of kernels.csv): the fused verify of (1,1,1) takes
+    # 158.6 us, the chain walk 170.5, so the plain verify keeps the fused kernel (chain_max 0; at T = 8
+    # 175.3 against 302.3); the deferred verify, whose fused form loads the pending path and the state in
+    # series (PROFILE.md), takes 344.9 fused and 264.0 walking (1,1,1), but at T = 8 373.5 fused
+    # against 405.9 walking: chain_pending_max 4.
+    chain: bool = True
+    chain_max: int = 0
+    chain_pending_max: int = 4
     chain_bv: int = 8
     chain_warps: int = 1
     # sparse: the fused verify's block loop skips ancestor-mask blocks with no ancestor (in BFS order a
     # wide tree's leaves fill its last blocks, and a leaf is nobody's ancestor) and the in-block solve of
-    # a block of leaves; the same outputs. Off by default until timed (variant "sparse").
+    # a block of leaves; the same outputs. Off by default: timed only at (3,3,3), B = 128, where it cut
+    # reconstruct's verify 745.9 -> 671.7 us (kernels_variants_2026-12-02-1429.csv); the run's budget
+    # ended before its other cases, and the committed table prices the dense loop.
     sparse: bool = False
 
     def __post_init__(self) -> None:
@@ -97,6 +103,9 @@ class Tuning:
             r = getattr(self, name)
             if r and not 24 <= r <= 255:
                 raise ValueError(f"Tuning.{name} must be 0 (compiler's choice) or 24..255 registers, got {r}")
+        if self.chain_max < 0 or self.chain_pending_max < 0:
+            raise ValueError(f"Tuning.chain_max and chain_pending_max must be >= 0 positions, got "
+                             f"{self.chain_max}, {self.chain_pending_max}")
         if self.chain_bv < 4 or self.chain_bv & (self.chain_bv - 1):
             raise ValueError(f"Tuning.chain_bv must be a power of two >= 4, got {self.chain_bv}")
         if self.pending not in ("dot", "loop"):

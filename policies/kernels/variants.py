@@ -46,21 +46,23 @@ VARIANTS: dict[str, Tuning] = {
     "loop-bv32-r0": Tuning(loop_bv=32, loop_maxnreg=0),
     "loop-w8-r0": Tuning(loop_warps=8, loop_maxnreg=0),
     "loop-w8-r128": Tuning(loop_warps=8, loop_maxnreg=128),
-    # The recurrent-form chain verify (`_chain_kernel`, chains of at most chain_max positions) against
-    # the fused kernel on chains: its launch shape (state rows per program, warps: fla's 8 x 1 by
-    # default, vLLM's decode kernel's 32 x 4, between) and its longest chain.
-    "chain": Tuning(chain=True),
-    "chain-bv16-w1": Tuning(chain=True, chain_bv=16, chain_warps=1),
-    "chain-bv16-w2": Tuning(chain=True, chain_bv=16, chain_warps=2),
-    "chain-bv32-w4": Tuning(chain=True, chain_bv=32, chain_warps=4),
-    "chain-max4": Tuning(chain=True, chain_max=4),
-    "chain-max16": Tuning(chain=True, chain_max=16),
-    "chain-max64": Tuning(chain=True, chain_max=64),
+    # The recurrent-form chain verify (`_chain_kernel`) against the fused kernel on chains: off
+    # ("fused-chains"), on for every verify up to 8, 4, 16 or 64 positions, and its launch shape
+    # (state rows per program, warps: fla's 8 x 1 by default, vLLM's decode kernel's 32 x 4, between).
+    "fused-chains": Tuning(chain=False),
+    "chain": Tuning(chain_max=8, chain_pending_max=8),
+    "chain-bv16-w1": Tuning(chain_max=8, chain_pending_max=8, chain_bv=16, chain_warps=1),
+    "chain-bv16-w2": Tuning(chain_max=8, chain_pending_max=8, chain_bv=16, chain_warps=2),
+    "chain-bv32-w4": Tuning(chain_max=8, chain_pending_max=8, chain_bv=32, chain_warps=4),
+    "chain-max4": Tuning(chain_max=4, chain_pending_max=4),
+    "chain-max16": Tuning(chain_max=16, chain_pending_max=16),
+    "chain-max64": Tuning(chain_max=64, chain_pending_max=64),
+    "pending-chain-max8": Tuning(chain_pending_max=8),
     # The fused verify skipping the ancestor-mask blocks without ancestors (wide trees' leaves).
     "sparse": Tuning(sparse=True),
-    "chain-sparse": Tuning(chain=True, sparse=True),
-    "chain-max4-sparse": Tuning(chain=True, chain_max=4, sparse=True),
-    "chain-max16-sparse": Tuning(chain=True, chain_max=16, sparse=True),
+    "chain-sparse": Tuning(chain_max=8, chain_pending_max=8, sparse=True),
+    "chain-max4-sparse": Tuning(chain_max=4, chain_pending_max=4, sparse=True),
+    "chain-max16-sparse": Tuning(chain_max=16, chain_pending_max=16, sparse=True),
 }
 # (tree name, parents, B) at 35B-A3B shapes: the cases with a target (policies/kernels/README.md).
 VARIANT_CASES = (("1,1,1", tuple(full((1, 1, 1))), 128), ("3,3,3", tuple(full((3, 3, 3))), 128),
