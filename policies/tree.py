@@ -4,7 +4,7 @@ The empty tree () drafts nothing: the no-speculation baseline's, one position pe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,14 @@ class DraftTree:
             n *= w
             out.append(n)
         return tuple(out)
+
+    @cache
+    def later_pass_widths(self, draft_depth: int) -> tuple[int, ...]:
+        """Rows per speculating request of each MTP drafter pass after the first: pass d
+        (1 .. draft_depth - 1) drafts from the nodes of depth d; past the tree's depth the
+        deepest level's count repeats. Every step model prices its passes from this."""
+        per = self.nodes_per_depth
+        return tuple(per[min(d, len(per)) - 1] for d in range(1, draft_depth)) if per else ()
 
     @property
     def num_nodes(self) -> int:

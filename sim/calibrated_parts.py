@@ -43,7 +43,7 @@ class CalibratedParts:
         self.kernels = kernels
         self.decode_conv = decode_conv
         self.tp = model.tensor_parallel
-        self.nodes_per_depth = policy.tree.nodes_per_depth
+        self.tree = policy.tree
         self.derived = hw.derived
         if hw.derived:
             base = load_hardware(hw.derived_from)

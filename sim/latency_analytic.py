@@ -81,7 +81,7 @@ class AnalyticLatencyModel:
         self.kv_token_bytes = model.attn_page_bytes_per_token_per_gpu  # one attention layer
         self.attn_flops_per_pair = 4 * a.num_q_heads / tp * a.head_dim  # QK^T + PV per (query, key), one layer
         self.hidden_act_bytes = h * 2  # one bf16 activation row
-        self.nodes_per_depth = policy.tree.nodes_per_depth
+        self.tree = policy.tree
         self.overhead_s = (engine_cfg.step_overhead_us * 1e-6 if engine_cfg.step_overhead_us is not None
                            else STEP_OVERHEAD_S)
         self.nvlink_bw = hw.nvlink_bandwidth_gbs * 1e9
@@ -190,8 +190,8 @@ class AnalyticLatencyModel:
         # roofline over its attention, MoE, fusion projection and LM head.
         if b.draft_depth:
             passes = [(T, b.num_seqs, sampled)]
-            for d in range(1, b.draft_depth):
-                nodes = b.spec_seqs * self.nodes_per_depth[min(d, len(self.nodes_per_depth)) - 1]
+            for width in self.tree.later_pass_widths(b.draft_depth):
+                nodes = b.spec_seqs * width
                 if nodes:
                     passes.append((nodes, b.spec_seqs, nodes))
             for tokens, seqs, rows in passes:

@@ -100,8 +100,7 @@ class EagerSumPricing:
         if b.draft_depth and b.spec_seqs:
             d = tok("mtp_fc", dense, n) + tok("attn_proj", dense, n) + moe(dense, n) + tok("lm_head", dense, b.spec_seqs)
             allreduce += 2 * ar(n)
-            for depth in range(1, b.draft_depth):
-                width = lat.nodes_per_depth[min(depth, len(lat.nodes_per_depth)) - 1]
+            for width in lat.tree.later_pass_widths(b.draft_depth):
                 r = b.spec_seqs * width
                 d += tok("mtp_fc", dense, r) + tok("attn_proj", dense, r) + moe(dense, r) + tok("lm_head", dense, r)
                 add("drafter", self._decode_curve(mode, b.spec_seqs, width, 1.0))

@@ -214,8 +214,7 @@ class PipelinePricing:
         then R x width per depth; and the widths of the later passes (their cores are per step)."""
         if not b.draft_depth:
             return [], ()
-        npd = self.lat.nodes_per_depth
-        widths = tuple(npd[min(d, len(npd)) - 1] for d in range(1, b.draft_depth))
+        widths = self.lat.tree.later_pass_widths(b.draft_depth)
         passes = [(tokens, self._drafter_pass_us(tokens, b.num_seqs))]
         passes += [(b.num_seqs * w, self._drafter_pass_us(b.num_seqs * w, b.num_seqs * w)) for w in widths]
         return passes, widths

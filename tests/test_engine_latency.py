@@ -6,6 +6,7 @@ import pytest
 
 from core.config import EngineConfig, load_hardware, load_model, load_policy
 from policies import make_policy
+from policies.tree import DraftTree
 from sim.latency import TERMS, StepBatch
 from sim.latency_factory import make_latency_model
 from sim.latency_analytic import AnalyticLatencyModel, STEP_OVERHEAD_S
@@ -118,3 +119,11 @@ def test_drafter_passes_run_over_the_previous_depths_nodes(kind):
     assert later_pass(tree, 2) == pytest.approx(later_pass((3, 1, 1), 2), rel=1e-12)  # over 3 nodes each
     assert later_pass(tree, 3) == pytest.approx(later_pass((6, 1, 1), 2), rel=1e-12)  # over 6 nodes each
     assert later_pass(tree, 3) > later_pass((3, 1, 1), 3) > 0  # 6 nodes cost more than 3
+
+
+def test_later_pass_widths_one_rule_for_every_step_model():
+    """Pass d drafts from depth d's nodes; a drafter deeper than its tree repeats the deepest level."""
+    assert DraftTree((3, 2, 1)).later_pass_widths(3) == (3, 6)
+    assert DraftTree((3, 2)).later_pass_widths(4) == (3, 6, 6)
+    assert DraftTree((1, 1, 1)).later_pass_widths(1) == ()
+    assert DraftTree(()).later_pass_widths(3) == ()
