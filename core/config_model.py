@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from core.config_base import DTYPE_BYTES, DType, Strict
+from core.weight_bytes import FP8_BYTES, fp8_weight_bytes
 
 
 class GDNConfig(Strict):
@@ -75,7 +76,10 @@ class ModelConfig(Strict):
     mtp_depth: int = Field(3, ge=0)  # K: drafter passes per step (vLLM's num_speculative_tokens); 0: no MTP
     mtp_num_hidden_layers: int = Field(1, ge=0)  # MTP drafter layers: full-attention layers in the KV pool
     max_model_len: int = Field(262144, gt=0)
-    weight_dtype_bytes: int = Field(2, gt=0)
+    weight_dtype_bytes: int = Field(2, gt=0)  # the checkpoint's unquantised tensors
+    # The checkpoint: bf16, or block-FP8 (its quantization_config: docs/fp8.md), whose
+    # weight bytes come from its tensor list and whose calibration is its own folder.
+    weights: Literal["bf16", "fp8"] = "bf16"
     dtype: DType = "bfloat16"  # HF torch_dtype: activations and the conv state
     # HF config's mamba_ssm_dtype, which vLLM's mamba_ssm_cache_dtype=auto takes (Qwen3.5:
     # float32); a model without the field (Qwen3-Next) keeps its SSM state in `dtype`.
@@ -155,4 +159,18 @@ class ModelConfig(Strict):
 
     @property
     def weight_bytes_per_gpu(self) -> int:
+        if self.weights == "fp8":
+            return math.ceil(fp8_weight_bytes(self) / self.tensor_parallel)
         return math.ceil(self.total_params * self.weight_dtype_bytes / self.tensor_parallel)
+
+    @property
+    def projection_weight_bytes(self) -> int:
+        """Bytes per element of the dense projections and experts a step reads."""
+        return FP8_BYTES if self.weights == "fp8" else self.weight_dtype_bytes
+
+    @property
+    def calibration_name(self) -> str:
+        """The calibration folder of this checkpoint: an FP8 checkpoint never reads bf16 tables."""
+        if self.weights == "fp8" and not self.name.endswith("-fp8"):
+            return f"{self.name}-fp8"
+        return self.name

@@ -98,7 +98,7 @@ def _calibration_file(model: ModelConfig, hw: HardwareConfig, name: str) -> Path
     """One of the model's calibration files, if it exists and was measured at this tensor parallelism."""
     if not hw.calibration_dir:
         return None
-    path = model_file(REPO_ROOT / hw.calibration_dir, model.name, name)
+    path = model_file(REPO_ROOT / hw.calibration_dir, model.calibration_name, name)
     yaml_path = CONFIG_DIR / "models" / f"{model.name}.yaml"
     if not path.is_file() or not yaml_path.exists():
         return None

@@ -61,7 +61,7 @@ class CalibratedParts:
         self.q_per_kv = model.attention.num_q_heads // model.tensor_parallel / model.kv_heads_per_gpu
         self.nvlink_bw = hw.nvlink_bandwidth_gbs * 1e9
         self.nvlink_lat = hw.nvlink_latency_us * US
-        self.hidden_bytes = model.hidden_size * model.weight_dtype_bytes
+        self.hidden_bytes = model.hidden_size * model.conv_dtype_bytes  # activations: the model dtype
         cal = "derived" if hw.derived else "calibrated"
         src = {t: cal for t in TERMS}
         if "verify" not in kernels:

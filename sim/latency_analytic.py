@@ -46,7 +46,7 @@ class AnalyticLatencyModel:
         self.tp = tp
         self.bw = hw.hbm_bandwidth_gbs * 1e9  # bytes/s
         self.rate = hw.bf16_tflops * 1e12  # flops/s
-        wb = model.weight_dtype_bytes
+        wb = model.projection_weight_bytes
         h = model.hidden_size
         g, a, moe = model.gdn, model.attention, model.moe
         self.gdn_layers, self.attn_layers, self.layers = model.gdn_layers, model.attn_layers, model.num_layers

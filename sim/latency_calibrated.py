@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from core.calibration_files import gpu_file, model_file
 from core.config import REPO_ROOT, EngineConfig, HardwareConfig, ModelConfig, PolicyConfig
+from core.tables import TABLES
 from policies import CommitPolicy, make_policy
 from sim.calibrated_parts import CalibratedParts
 from sim.calibration_tables import derived_scale, load_decode_conv, load_overhead, load_tables
@@ -38,14 +39,14 @@ class CalibratedLatencyModel(CalibratedParts):
         if not hw.calibration_dir:
             return None
         root = REPO_ROOT / hw.calibration_dir
-        mdir = root / model.name
-        if not mdir.is_dir() or not any(mdir.glob("*.csv")):
+        mdir = root / model.calibration_name
+        if not any((mdir / f"{name}.csv").is_file() for name in TABLES):  # e.g. a folder of kernel benches only
             return None
         if isinstance(policy, PolicyConfig):
             policy = make_policy(model, policy)
         tables = load_tables(mdir, extrapolate=extrapolate)
         # The model's own kernel bench (calibrate measure's kernels job) before the GPU's shared table.
-        own = model_file(root, model.name, "kernels.csv")
+        own = model_file(root, model.calibration_name, "kernels.csv")
         kernels = load_kernels(own if own.exists() else gpu_file(root, "kernels.csv"), model, policy,
                                extrapolate=extrapolate)
         overhead = load_overhead(mdir)
@@ -53,7 +54,7 @@ class CalibratedLatencyModel(CalibratedParts):
         if engine_cfg.latency_pricing == "pipeline":
             step_us, step_source = ((engine_cfg.step_overhead_us, "config") if engine_cfg.step_overhead_us is not None
                                     else (overhead, "calibrated" if overhead is not None else "analytic"))
-            host = HostCosts.load(model_file(root, model.name, "host.csv"), step_us, derived_scale(hw, "overhead"), step_source,
+            host = HostCosts.load(model_file(root, model.calibration_name, "host.csv"), step_us, derived_scale(hw, "overhead"), step_source,
                                   extrapolate=extrapolate, policy=policy.name)
         decode_conv = load_decode_conv(mdir, policy.name, extrapolate=extrapolate)
         return cls(model, hw, policy, engine_cfg, tables, kernels, overhead, fallback, piecewise, host, decode_conv)

@@ -14,11 +14,13 @@ REAL = Path(__file__).resolve().parent.parent / "validation" / "real"
 BASELINE = REAL / "gpustack-h200-qwen3.5-35b-a3b-generation-heavy-bf16-baseline.yaml"
 
 
-def test_committed_cases_load_and_the_four_baselines_are_expressible():
+def test_committed_cases_load_and_the_baselines_and_fp8_sharegpt_are_expressible():
     cases = {c.name: c for _, c in load_cases(REAL)}
     runnable = sorted(n for n, c in cases.items() if c.expressible)
     assert [n.split("a3b-")[1] for n in runnable] == ["generation-heavy-bf16-baseline", "long-context-bf16-baseline",
-                                                     "sharegpt-bf16-baseline", "throughput-bf16-baseline"]
+                                                     "sharegpt-bf16-baseline", "sharegpt-fp8",
+                                                     "sharegpt-fp8-prefix-caching", "throughput-bf16-baseline"]
+    assert {cases[n].model for n in runnable if "fp8" in n} == {"qwen3.5-35b-a3b-fp8"}
     assert all(c.not_expressible for n, c in cases.items() if n not in runnable)
     # As published (GPUStack's h200.md), e.g. the numbers the project's issue quoted.
     gen = cases["gpustack-h200-qwen3.5-35b-a3b-generation-heavy-bf16-baseline"].reported
@@ -50,7 +52,7 @@ def small_case(tmp_path: Path, **changes) -> Path:
 
 def test_validate_writes_csv_json_figure_and_runs(tmp_path, capsys):
     real = small_case(tmp_path)
-    shutil.copy(REAL / "gpustack-h200-qwen3.5-35b-a3b-sharegpt-fp8.yaml", real)  # not expressible: listed, not run
+    shutil.copy(REAL / "gpustack-h200-qwen3.5-35b-a3b-sharegpt-fp8-mtp4.yaml", real)  # not expressible: listed, not run
     out = tmp_path / "out"
     assert cli(["validate", "--real", str(real), "--out", str(out), "--no-progress"]) == 0
     rows = list(csv.DictReader(open(out / "validation.csv")))
@@ -59,7 +61,7 @@ def test_validate_writes_csv_json_figure_and_runs(tmp_path, capsys):
     assert set(by) <= set(COMPARED) and float(by["successful_requests"]["simulated"]) == 12
     assert float(by["duration_s"]["ratio"]) == pytest.approx(float(by["duration_s"]["simulated"]) / 57.74, rel=1e-3)
     report = json.loads((out / "validation.json").read_text())
-    assert "gpustack-h200-qwen3.5-35b-a3b-sharegpt-fp8" in report["not_expressible"]
+    assert "gpustack-h200-qwen3.5-35b-a3b-sharegpt-fp8-mtp4" in report["not_expressible"]
     summary = Path(report["cases"]["tiny"]["summary"])
     assert summary.is_file() and json.loads(summary.read_text())["policy"] == "none"
     assert (out / "figures" / "validation.png").is_file() and (out / "figures" / "validation.pdf").is_file()

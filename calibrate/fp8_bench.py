@@ -1,0 +1,212 @@
+"""GPU bench of the block-FP8 kernels an FP8 checkpoint runs (docs/fp8.md), beside bf16:
+
+- dense projections of the model (vLLM's fused shapes) at each token count: bf16 F.linear,
+  torch's block-wise scaled_mm (CUTLASS, 1 x 128 activation and 128 x 128 weight scales: the
+  packaged kernel of vLLM's Hopper contract), our Triton `fp8_block_gemm`, and the per-token
+  group quantisation that runs before each FP8 GEMM;
+- the MoE block: `fused_moe_fp8` and the bf16 `fused_moe`, against the copy rate on the bytes
+  each call reads (the experts its tokens route to, the shared expert, the router).
+
+Every output is first checked against its reference; times are CUDA-graph replays over rotated
+copies (cold L2). A host probe runs before and after. Writes one CSV and its provenance JSON.
+
+    python3 -m calibrate.fp8_bench --model qwen3.5-35b-a3b-fp8 --out DIR [--budget-s 120]
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from calibrate.host import HostProbe
+from calibrate.kernels import fp8_gemm as G
+from calibrate.kernels import fused_moe as FM
+from calibrate.kernels import fused_moe_fp8 as M
+from calibrate.provenance import environment
+from calibrate.timing import copies_for, copy_bandwidth_gbs, matmul_tflops, time_calls
+from core.config import load_model
+
+DENSE_TOKENS = (1, 8, 32, 128, 512, 2048, 8192)
+MOE_TOKENS = (1, 8, 32, 64, 128, 256, 512, 1024, 2048, 8192)
+COLUMNS = ("kernel", "op", "N", "K", "tokens", "us", "us_p10", "us_p90", "reps", "copies", "bytes", "flops",
+           "pct_copy", "pct_matmul")
+
+
+def dense_shapes(model) -> dict[str, tuple[int, int]]:
+    """(N, K) of the model's block-FP8 dense projections as vLLM fuses them."""
+    g, a, h = model.gdn, model.attention, model.hidden_size
+    qkv = 2 * g.num_k_heads * g.head_k_dim + g.num_v_heads * g.head_v_dim
+    value = g.num_v_heads * g.head_v_dim
+    q = a.num_q_heads * a.head_dim
+    out = {"gdn_in_proj_qkvz": (qkv + value, h), "gdn_out_proj": (h, value),
+           "attn_qkv": (2 * q + 2 * a.num_kv_heads * a.head_dim, h), "attn_o_proj": (h, q)}
+    if model.moe is not None and model.moe.shared_width:
+        out |= {"shared_gate_up": (2 * model.moe.shared_width, h), "shared_down": (h, model.moe.shared_width)}
+    return out
+
+
+def torch_block_mm(aq: torch.Tensor, a_s: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
+    """torch's block-wise scaled_mm: scale_a [M, K/128] outer-dim-major (BlockWise1x128),
+    scale_b [N/128, K/128] (BlockWise128x128), b the weight's transpose (column-major)."""
+    st = F.ScalingType
+    return F.scaled_mm(aq, wq.t(), a_s.t().contiguous().t(), st.BlockWise1x128, ws, st.BlockWise128x128,
+                       output_dtype=torch.bfloat16)
+
+
+class Bench:
+    def __init__(self, out: Path, budget_s: float) -> None:
+        self.out, self.t0, self.budget_s = out, time.perf_counter(), budget_s
+        self.rows: list[dict] = []
+        self.notes: list[str] = []
+        self.probes: dict[str, float] = {}
+        self.dev = torch.device("cuda")
+        self.probe = HostProbe(self.dev)
+
+    def left(self) -> float:
+        return self.budget_s - (time.perf_counter() - self.t0)
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.perf_counter() - self.t0:6.1f}s] {msg}", flush=True)
+
+    def time(self, make: Callable[[], Callable[[], object]], nbytes: int) -> object:
+        calls = [make() for _ in range(copies_for(nbytes))]
+        return time_calls(calls, "graph", self.dev, budget_s=0.04, min_reps=5, max_reps=30)
+
+    def row(self, kernel: str, op: str, n: int, k: int, tokens: int, t, nbytes: int, flops: int,
+            bw: float, tf: float) -> None:
+        self.rows.append({"kernel": kernel, "op": op, "N": n, "K": k, "tokens": tokens, "us": round(t.us, 3),
+                          "us_p10": round(t.us_p10, 3), "us_p90": round(t.us_p90, 3), "reps": t.reps,
+                          "copies": t.copies, "bytes": nbytes, "flops": flops,
+                          "pct_copy": round(100 * nbytes / (t.us * 1e-6) / (bw * 1e9), 1),
+                          "pct_matmul": round(100 * flops / (t.us * 1e-6) / (tf * 1e12), 1)})
+
+
+def check_torch_block_mm(b: Bench) -> bool:
+    for m in (1, 16, 300):
+        a = torch.randn(m, 2048, device=b.dev).bfloat16()
+        aq, a_s = G.group_quant(a)
+        wq, ws = G.quantize_weight_blocks(torch.randn(1024, 2048, device=b.dev) * 0.02)
+        try:
+            out = torch_block_mm(aq, a_s, wq, ws)
+        except Exception as e:  # noqa: BLE001 - the reason is the record
+            b.notes.append(f"torch block-wise scaled_mm unavailable at M={m}: {type(e).__name__}: {str(e)[:200]}")
+            return False
+        ref = G.fp8_block_gemm_ref(aq, a_s, wq, ws, torch.float64)
+        err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+        if err > 1e-2:
+            b.notes.append(f"torch block-wise scaled_mm wrong at M={m}: max error {err:.3g}")
+            return False
+    return True
+
+
+def bench_dense(b: Bench, model, bw: float, tf: float, with_torch: bool) -> None:
+    for op, (n, k) in dense_shapes(model).items():
+        w = torch.randn(n, k, device=b.dev) * 0.02
+        wb = w.bfloat16()
+        wq, ws = G.quantize_weight_blocks(w)
+        for t in DENSE_TOKENS:
+            if b.left() < 0:
+                b.notes.append(f"budget spent before dense {op} at {t} tokens")
+                return
+            x = torch.randn(t, k, device=b.dev).bfloat16()
+            aq, a_s = G.group_quant(x)
+            fl = 2 * t * n * k
+            # each copy owns its weights so the L2 starts cold
+            b.row("bf16_linear", op, n, k, t, b.time(lambda: (lambda w2=wb.clone(): lambda: F.linear(x, w2))(), n * k * 2),
+                  n * k * 2 + t * (k + n) * 2, fl, bw, tf)
+            b.row("group_quant", op, n, k, t, b.time(lambda: lambda: G.group_quant(x), t * k * 3), t * k * 3 + t * k // 32,
+                  0, bw, tf)
+            fp8_bytes = n * k + n * k // 4096 + t * k + t * n * 2
+            b.row("triton_fp8_block", op, n, k, t,
+                  b.time(lambda: (lambda w2=wq.clone(): lambda: G.fp8_block_gemm(aq, a_s, w2, ws))(), n * k), fp8_bytes, fl, bw, tf)
+            if with_torch:
+                b.row("torch_fp8_blockwise", op, n, k, t,
+                      b.time(lambda: (lambda w2=wq.clone(): lambda: torch_block_mm(aq, a_s, w2, ws))(), n * k),
+                      fp8_bytes, fl, bw, tf)
+        b.log(f"dense {op} ({n} x {k}) done")
+
+
+def bench_moe(b: Bench, model, bw: float, tf: float) -> None:
+    e, h = model.moe, model.hidden_size
+    E, I = e.num_experts, e.expert_width
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w13, w13s = G.quantize_weight_blocks(torch.randn(E, 2 * I, h, device=b.dev, generator=gen) * 0.02)
+    w2, w2s = G.quantize_weight_blocks(torch.randn(E, h, I, device=b.dev, generator=gen) * 0.02)
+    s13, s13s = G.quantize_weight_blocks(torch.randn(2 * I, h, device=b.dev, generator=gen) * 0.02)
+    s2, s2s = G.quantize_weight_blocks(torch.randn(h, I, device=b.dev, generator=gen) * 0.02)
+    router = (torch.randn(E, h, device=b.dev, generator=gen) * 0.05).bfloat16()
+    gate = (torch.randn(1, h, device=b.dev, generator=gen) * 0.05).bfloat16()
+    bf = {k: G.dequantize_weight_blocks(q, s).bfloat16() for k, (q, s) in
+          {"w13": (w13, w13s), "w2": (w2, w2s), "s13": (s13, s13s), "s2": (s2, s2s)}.items()}
+    expert_bytes = 3 * I * h
+    for t in MOE_TOKENS:
+        if b.left() < 0:
+            b.notes.append(f"budget spent before the MoE at {t} tokens")
+            return
+        # One token batch per rotated copy: each copy routes to its own experts (cold L2 for few tokens).
+        n = copies_for(t * e.top_k * expert_bytes)
+        xs = [torch.randn(t, h, device=b.dev, generator=gen).bfloat16() for _ in range(n)]
+        touched = sum(int((x.float() @ router.float().T).topk(e.top_k, -1).indices.unique().numel()) + 1
+                      for x in xs) / n  # + the shared expert
+        fl = 2 * t * (e.top_k + 1) * expert_bytes
+        act = t * h * 2 * 2 + E * h * 2  # tokens in and out, the router
+        it8, it16 = iter(xs), iter(xs)
+        fp8 = dict(router_w=router, w13=w13, w13_s=w13s, w2=w2, w2_s=w2s, top_k=e.top_k, shared_w13=s13,
+                   shared_w13_s=s13s, shared_w2=s2, shared_w2_s=s2s, shared_gate_w=gate)
+        nb8 = int(touched * expert_bytes * (1 + 4 / G.GROUP ** 2)) + act
+        t8 = time_calls([(lambda x=next(it8): lambda: M.fused_moe_fp8(x=x, **fp8))() for _ in range(n)], "graph",
+                        b.dev, budget_s=0.04, min_reps=5, max_reps=30)
+        b.row("fused_moe_fp8", "moe", 2 * I, h, t, t8, nb8, fl, bw, tf)
+        nb16 = int(touched * expert_bytes * 2) + act
+        t16 = time_calls([(lambda x=next(it16): lambda: FM.fused_moe(x, router, bf["w13"], bf["w2"], e.top_k, bf["s13"],
+                                                                     bf["s2"], gate))() for _ in range(n)],
+                         "graph", b.dev, budget_s=0.04, min_reps=5, max_reps=30)
+        b.row("fused_moe_bf16", "moe", 2 * I, h, t, t16, nb16, fl, bw, tf)
+        b.log(f"moe {t} tokens: {touched:.0f} experts, fp8 {b.rows[-2]['us']} us ({b.rows[-2]['pct_copy']}% copy), "
+              f"bf16 {b.rows[-1]['us']} us ({b.rows[-1]['pct_copy']}% copy)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m calibrate.fp8_bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen3.5-35b-a3b-fp8")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--budget-s", type=float, default=120.0)
+    a = ap.parse_args(argv)
+    model = load_model(a.model)
+    b = Bench(a.out, a.budget_s)
+    b.probes["start_us"] = b.probe()
+    bw, tf = copy_bandwidth_gbs(b.dev), matmul_tflops(b.dev)
+    b.log(f"copy {bw:.0f} GB/s, bf16 matmul {tf:.0f} TFLOP/s, host probe {b.probes['start_us']} us")
+    with_torch = check_torch_block_mm(b)
+    b.log(f"torch block-wise scaled_mm: {'checked' if with_torch else b.notes[-1]}")
+    bench_moe(b, model, bw, tf)
+    bench_dense(b, model, bw, tf, with_torch)
+    b.probes["end_us"] = b.probe()
+    a.out.mkdir(parents=True, exist_ok=True)
+    stem = f"fp8_kernels_{time.strftime('%Y-%m-%d', time.gmtime())}"
+    tmp = a.out / f".{stem}.csv"
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(b.rows)
+    tmp.replace(a.out / f"{stem}.csv")
+    prov = {**environment("cuda"), "model": a.model, "commit": os.environ.get("GIT_COMMIT"),
+            "command": " ".join([sys.executable.rsplit("/", 1)[-1], "-m", "calibrate.fp8_bench", *(argv or sys.argv[1:])]),
+            "copy_bandwidth_gbs": round(bw, 1), "bf16_matmul_tflops": round(tf, 1), "host_probe_us": b.probes,
+            "timing": "CUDA-graph replay of rotated copies (cold L2), median of up to 30 replays",
+            "notes": b.notes, "elapsed_s": round(time.perf_counter() - b.t0, 1)}
+    (a.out / f"{stem}_provenance.json").write_text(json.dumps(prov, indent=2) + "\n")
+    b.log(f"wrote {stem}.csv ({len(b.rows)} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
