@@ -22,7 +22,7 @@ from pathlib import Path
 from core.config import REPO_ROOT, ConfigError, load_hardware, load_model, load_policy, model_names
 from core.files import atomic_write_text
 from calibrate import provenance
-from calibrate.grid import ALL_JOBS, jobs_for_part
+from calibrate.grid import ALL_JOBS, GRIDS, jobs_for_part
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,7 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m = sub.add_parser("measure", help="time layers on this machine's GPU")
     m.add_argument("--gpu", required=True, help="hardware config name (e.g. h200); tables go to its calibration_dir")
     m.add_argument("--model", action="append", help="model config name (repeatable; default: all)")
-    m.add_argument("--quick", action="store_true", help="coarse grid (a smoke run)")
+    m.add_argument("--quick", action="store_true", help="the smoke grid (--grid quick)")
+    m.add_argument("--grid", default=None, choices=tuple(GRIDS),
+                   help="shapes to time: full (1.5x steps), coarse (2x steps, about half the time) or quick (a smoke run)")
     m.add_argument("--part", type=int, default=None, help="measure one part of the jobs (1, 2 or 3), to split device calls")
     m.add_argument("--jobs", default=None, help="comma-separated jobs instead of --part")
     m.add_argument("--out", type=Path, default=None, help="output root (default: the GPU's calibration_dir)")
@@ -137,6 +139,7 @@ def _measure(args: argparse.Namespace) -> int:
     rc = 0
     for name in _models(args.model):
         rc |= measure(load_model(name), hw, jobs, out, quick=args.quick, device=args.device, modes=modes,
+                      grid=GRIDS[args.grid or ("quick" if args.quick else "full")],
                       commit=args.git_commit or provenance.git_commit(), time_budget_s=args.time_budget_s,
                       step_policy=args.step_policy, attn_backend=args.attn_backend, on_job_done=tar)
     return rc

@@ -28,6 +28,11 @@ PREFILL_CHUNK_QUICK = (128, 1024, 16384)
 PREFILL_CHUNK_EAGER_QUICK = (128, 16384)
 PREFILL_CTX_FULL = (0, 1024, 4096, 16384, 32768)
 PREFILL_CTX_QUICK = (0, 32768)
+# --grid coarse: every axis in 2x steps (about half the full grid's shapes), for a model measured
+# within a short device call; interpolation is log-log along these axes, so 2x steps cost accuracy
+# only where a curve bends between them (calibrate validate's held-out check says how much).
+TOKENS_COARSE = tuple(1 << i for i in range(15))  # 1 .. 16384
+DECODE_P_COARSE = (1, 2, 4, 16, 64)  # 1: no speculation and the drafter's passes; 4: a chain of 3
 # Whole-step check shapes: (B, verify positions, context) of pure speculative decode.
 STEP_SHAPES_FULL = ((1, 4, 4096), (16, 4, 4096), (64, 4, 4096), (128, 4, 1024), (32, 40, 4096))
 STEP_SHAPES_QUICK = ((4, 4, 1024),)
@@ -60,6 +65,7 @@ class Grid:
     activation_tokens: tuple[int, ...]
     decode_b_eager: tuple[int, ...] | None = None  # None: same as decode_b
     prefill_chunk_eager: tuple[int, ...] | None = None
+    name: str = "full"  # what the provenance records
 
     def first_axis(self, values: tuple[int, ...], eager: tuple[int, ...] | None, mode: str) -> tuple[int, ...]:
         return eager if mode == "eager" and eager is not None else values
@@ -69,7 +75,10 @@ FULL = Grid(TOKENS_FULL, DECODE_B_FULL, DECODE_P_FULL, DECODE_CTX_FULL, PREFILL_
             PREFILL_CTX_FULL, STEP_SHAPES_FULL, ACTIVATION_TOKENS, DECODE_B_EAGER, PREFILL_CHUNK_EAGER)
 QUICK = Grid(TOKENS_QUICK, DECODE_B_QUICK, DECODE_P_QUICK, DECODE_CTX_QUICK, PREFILL_CHUNK_QUICK,
              PREFILL_CTX_QUICK, STEP_SHAPES_QUICK, ACTIVATION_TOKENS, DECODE_B_EAGER_QUICK,
-             PREFILL_CHUNK_EAGER_QUICK)
+             PREFILL_CHUNK_EAGER_QUICK, "quick")
+COARSE = Grid(TOKENS_COARSE, DECODE_B_EAGER, DECODE_P_COARSE, DECODE_CTX_FULL, PREFILL_CHUNK_EAGER,
+              PREFILL_CTX_FULL, STEP_SHAPES_FULL, ACTIVATION_TOKENS, DECODE_B_EAGER, PREFILL_CHUNK_EAGER, "coarse")
+GRIDS = {g.name: g for g in (FULL, COARSE, QUICK)}
 
 
 def jobs_for_part(part: int | None) -> tuple[str, ...]:

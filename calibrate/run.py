@@ -156,7 +156,7 @@ def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: 
                 if cuda:
                     torch.cuda.empty_cache()
             on_job_done()
-    part = {**env, "git_commit": commit, "command": " ".join(sys.argv), "grid": "quick" if quick else "full",
+    part = {**env, "git_commit": commit, "command": " ".join(sys.argv), "grid": grid.name,
             "modes": list(modes), "copy_bandwidth_gbs": round(bw, 1), "matmul_tflops": round(tflops, 1),
             "jobs": done, "packaged_kernels": packaged, "skipped": skipped, "errors": errors, "wall_s": round(time.perf_counter() - t0, 1)}
     if probe:

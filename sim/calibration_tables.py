@@ -21,15 +21,18 @@ def _file(mdir: Path, name: str) -> Path:
     return model_file(mdir.parent, mdir.name, name)
 
 
-def load_tables(mdir: Path, *, extrapolate: bool = True) -> dict[tuple[str, str], GridInterpolator]:
-    """Every layer table in TABLES, both modes; a missing required or partial table is an error."""
+def load_tables(mdir: Path, *, extrapolate: bool = True,
+                modes: tuple[str, ...] = MODES) -> dict[tuple[str, str], GridInterpolator]:
+    """Every layer table in TABLES in the modes its pricing reads (the pipeline reads only graph
+    rows: a model measured with `--modes graph` has no eager rows); a missing required or
+    partial table is an error."""
     out = {}
     for name, spec in TABLES.items():
         path = _file(mdir, f"{name}.csv")
         if not spec.required and not path.exists():
             continue
         rows = read_rows(path)
-        for mode in MODES:
+        for mode in modes:
             sel = [r for r in rows if r["mode"] == mode]
             if not sel and not spec.required:  # e.g. a kernel that could not be graph-captured
                 sel = [r for r in rows if r["mode"] != mode]

@@ -44,7 +44,9 @@ class CalibratedLatencyModel(CalibratedParts):
             return None
         if isinstance(policy, PolicyConfig):
             policy = make_policy(model, policy)
-        tables = load_tables(mdir, extrapolate=extrapolate)
+        # The pipeline prices every layer from its graph rows; the eager sum reads both modes.
+        modes = ("graph",) if engine_cfg.latency_pricing == "pipeline" else ("graph", "eager")
+        tables = load_tables(mdir, extrapolate=extrapolate, modes=modes)
         # The model's own kernel bench (calibrate measure's kernels job) before the GPU's shared table.
         own = model_file(root, model.calibration_name, "kernels.csv")
         kernels = load_kernels(own if own.exists() else gpu_file(root, "kernels.csv"), model, policy,

@@ -8,14 +8,14 @@ torch = pytest.importorskip("torch")
 
 from core.config import ModelConfig, load_hardware, load_model, validate  # noqa: E402
 from core.tables import COLUMNS, DECODE_CONV_COLUMNS, STEP_COLUMNS, TABLES  # noqa: E402
-from calibrate.grid import ALL_JOBS, Grid, jobs_for_part  # noqa: E402
+from calibrate.grid import ALL_JOBS, COARSE, FULL, GRIDS, Grid, jobs_for_part  # noqa: E402
 from calibrate.shapes import LayerShapes  # noqa: E402
 from tiny_model import TINY, TINY_DENSE  # noqa: E402
 
 # Small: every kernel here runs in the Triton interpreter, where an 8-token MoE call takes seconds.
 GRID = Grid(tokens=(1, 2, 4), decode_b=(1, 2, 4), decode_p=(1, 2, 4), decode_ctx=(16, 32, 64),
             prefill_chunk=(8, 16, 32), prefill_ctx=(0, 16, 32), step_shapes=((2, 2, 16), (1, 4, 32)),
-            activation_tokens=(8,))
+            activation_tokens=(8,), name="tiny")
 
 
 class ShapeCheckingKernel:
@@ -79,6 +79,17 @@ def test_shapes_refuse_indivisible_heads():
     m = validate(ModelConfig, {**TINY, "tensor_parallel": 3}, "tiny")
     with pytest.raises(ValueError, match="not divisible by tensor_parallel"):
         LayerShapes.from_model(m)
+
+
+def test_coarse_grid_spans_the_full_grid_in_2x_steps():
+    assert set(GRIDS) == {"full", "coarse", "quick"} and GRIDS["coarse"] is COARSE
+    for axis in ("tokens", "decode_b", "prefill_chunk"):
+        coarse, full = getattr(COARSE, axis), getattr(FULL, axis)
+        assert (coarse[0], coarse[-1]) == (full[0], full[-1]) and set(coarse) <= set(full)
+        assert all(b == 2 * a for a, b in zip(coarse, coarse[1:]))
+    assert set(COARSE.decode_p) <= set(FULL.decode_p) and {1, 4, 64} <= set(COARSE.decode_p)
+    assert COARSE.decode_ctx == FULL.decode_ctx
+    assert COARSE.prefill_ctx == FULL.prefill_ctx and COARSE.step_shapes == FULL.step_shapes
 
 
 def test_parts_cover_every_job_once():
@@ -227,6 +238,6 @@ def test_provenance_records_the_run(measured):
 
     mdir, _, _ = measured
     part = json.loads((mdir / "provenance.json").read_text())["parts"][-1]
-    assert part["git_commit"] == "abc123" and part["errors"] == []
+    assert part["git_commit"] == "abc123" and part["errors"] == [] and part["grid"] == "tiny"
     assert missing_fields(part) == ["driver"]  # no GPU driver on a CPU run
     assert part["packaged_kernels"] == {"gdn_prefill": "fake 0.1"}  # the packaged kernel that priced the table

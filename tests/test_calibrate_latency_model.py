@@ -196,6 +196,23 @@ def test_missing_table_is_an_error(tmp_path):
         load(tmp_path)
 
 
+def test_graph_only_tables_price_the_pipeline_and_refuse_the_eager_sum(tmp_path):
+    """A model measured with `--modes graph`: the pipeline reads graph rows only, the eager sum needs both."""
+    root = make_tables(tmp_path)
+    for f in (root / MODEL).glob("*.csv"):
+        if f.name in {f"{n}.csv" for n in TABLES}:
+            with f.open(newline="") as fh:
+                r = csv.DictReader(fh)
+                cols, rows = r.fieldnames, [row for row in r if row["mode"] == "graph"]
+            write_csv(f, rows, cols)
+    lm = load(root, pricing="pipeline")
+    assert {mode for _, mode in lm.tables} == {"graph"}
+    assert lm.step_time(decode(8)).total_s == load(make_tables(tmp_path / "both"), pricing="pipeline").step_time(
+        decode(8)).total_s
+    with pytest.raises(TableError, match="no rows with mode='eager'"):
+        load(root, pricing="eager_sum")
+
+
 def test_an_moe_model_needs_its_moe_table(tmp_path):
     make_tables(tmp_path, skip=("moe",))  # the mlp table is there: a dense model's, not this one's
     with pytest.raises(TableError, match="no moe.csv among its tables"):
