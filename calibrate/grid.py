@@ -36,6 +36,7 @@ DECODE_P_COARSE = (1, 2, 4, 16, 64)  # 1: no speculation and the drafter's passe
 # Whole-step check shapes: (B, verify positions, context) of pure speculative decode.
 STEP_SHAPES_FULL = ((1, 4, 4096), (16, 4, 4096), (64, 4, 4096), (128, 4, 1024), (32, 40, 4096))
 STEP_SHAPES_QUICK = ((4, 4, 1024),)
+STEP_SHAPES_COARSE = ((1, 4, 4096), (64, 4, 4096), (128, 4, 1024))
 ACTIVATION_TOKENS = (2048, 4096, 8192, 16384)  # max_num_batched_tokens values to profile
 
 # --part N: each part fits one device call of a few minutes per model.
@@ -77,7 +78,7 @@ QUICK = Grid(TOKENS_QUICK, DECODE_B_QUICK, DECODE_P_QUICK, DECODE_CTX_QUICK, PRE
              PREFILL_CTX_QUICK, STEP_SHAPES_QUICK, ACTIVATION_TOKENS, DECODE_B_EAGER_QUICK,
              PREFILL_CHUNK_EAGER_QUICK, "quick")
 COARSE = Grid(TOKENS_COARSE, DECODE_B_EAGER, DECODE_P_COARSE, DECODE_CTX_FULL, PREFILL_CHUNK_EAGER,
-              PREFILL_CTX_FULL, STEP_SHAPES_FULL, ACTIVATION_TOKENS, DECODE_B_EAGER, PREFILL_CHUNK_EAGER, "coarse")
+              PREFILL_CTX_FULL, STEP_SHAPES_COARSE, ACTIVATION_TOKENS, DECODE_B_EAGER, PREFILL_CHUNK_EAGER, "coarse")
 GRIDS = {g.name: g for g in (FULL, COARSE, QUICK)}
 
 

@@ -89,7 +89,7 @@ def test_coarse_grid_spans_the_full_grid_in_2x_steps():
         assert all(b == 2 * a for a, b in zip(coarse, coarse[1:]))
     assert set(COARSE.decode_p) <= set(FULL.decode_p) and {1, 4, 64} <= set(COARSE.decode_p)
     assert COARSE.decode_ctx == FULL.decode_ctx
-    assert COARSE.prefill_ctx == FULL.prefill_ctx and COARSE.step_shapes == FULL.step_shapes
+    assert COARSE.prefill_ctx == FULL.prefill_ctx and set(COARSE.step_shapes) < set(FULL.step_shapes)
 
 
 def test_parts_cover_every_job_once():
