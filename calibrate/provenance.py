@@ -8,6 +8,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from core.files import atomic_write_text
+
 REQUIRED = ("gpu", "driver", "torch", "triton", "date", "git_commit", "command")
 
 
@@ -49,8 +51,9 @@ def read(path: Path) -> dict[str, Any]:
 
 
 def write(path: Path, data: dict[str, Any]) -> None:
+    """Whole or not at all (a temporary name, then a rename): a call cut off while it writes keeps the last one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
 def missing_fields(part: dict[str, Any]) -> list[str]:

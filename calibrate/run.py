@@ -83,6 +83,19 @@ def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: 
                   rotate_bytes=M.ROTATE_BYTES if cuda else 0, min_copies=3 if cuda else 1, fa4=fa4)
     mdir = out / model.name
     done, errors, skipped = {}, [], []
+    earlier = provenance.read(mdir / "provenance.json").get("parts", [])
+
+    def write_part(finished: bool) -> None:
+        """This run's provenance part after the earlier runs' (rewritten after every job; `finished`
+        false until the last job is done, and then the host probe's end reading is taken)."""
+        part = {**env, "git_commit": commit, "command": " ".join(sys.argv), "grid": grid.name,
+                "modes": list(modes), "copy_bandwidth_gbs": round(bw, 1), "matmul_tflops": round(tflops, 1),
+                "jobs": done, "packaged_kernels": packaged, "skipped": skipped, "errors": errors,
+                "wall_s": round(time.perf_counter() - t0, 1), "finished": finished}
+        if probe:
+            part["host_probe_us"] = {**probes, "end": probe()} if finished else dict(probes)
+        part["device_time_s"] = part["wall_s"]  # this command's GPU time; merge replaces it with a lease's figure
+        provenance.write(mdir / "provenance.json", {"model": model.name, "parts": [*earlier, part]})
     interrupted = False
     packaged: dict[str, str] = {}  # table -> the packaged kernel that priced it, where there is a choice
     if fa4 is not None:
@@ -155,18 +168,11 @@ def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: 
                 gc.collect()
                 if cuda:
                     torch.cuda.empty_cache()
+            write_part(finished=False)  # a call cut off after this job keeps the provenance of its tables
             on_job_done()
-    part = {**env, "git_commit": commit, "command": " ".join(sys.argv), "grid": grid.name,
-            "modes": list(modes), "copy_bandwidth_gbs": round(bw, 1), "matmul_tflops": round(tflops, 1),
-            "jobs": done, "packaged_kernels": packaged, "skipped": skipped, "errors": errors, "wall_s": round(time.perf_counter() - t0, 1)}
-    if probe:
-        part["host_probe_us"] = {**probes, "end": probe()}
-    part["device_time_s"] = part["wall_s"]  # this command's GPU time; merge replaces it with a lease's figure
-    prov = provenance.read(mdir / "provenance.json")
-    prov.setdefault("parts", []).append(part)
-    provenance.write(mdir / "provenance.json", {"model": model.name, **prov})
+    write_part(finished=True)
     on_job_done()
-    log(f"{model.name}: {len(done)} jobs done, {len(errors)} failed, {len(skipped)} skipped in {part['wall_s']} s")
+    log(f"{model.name}: {len(done)} jobs done, {len(errors)} failed, {len(skipped)} skipped in {time.perf_counter() - t0:.1f} s")
     if interrupted:  # no further model or job: the caller's limit is up
         raise KeyboardInterrupt
     return 1 if errors else 0

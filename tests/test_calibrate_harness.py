@@ -195,6 +195,27 @@ def test_a_time_limit_keeps_the_finished_tables_and_their_provenance(tmp_path):
     assert list(part["jobs"]) == ["gdn"] and part["errors"][0].startswith("lm_head: interrupted")
 
 
+def test_provenance_is_on_disk_after_every_job(tmp_path):
+    """A call killed outright (no interrupt to catch) after a job still has that job's provenance: the
+    part is rewritten after each job, `finished` only once every job is done; an earlier run's part stays."""
+    from calibrate.run import measure
+
+    model = validate(ModelConfig, TINY, "tiny")
+    mdir = tmp_path / model.name
+    seen = []
+
+    def snapshot():
+        part = json.loads((mdir / "provenance.json").read_text())["parts"][-1]
+        seen.append((list(part["jobs"]), part["finished"], part["git_commit"], part["grid"]))
+    for commit in ("first", "second"):
+        assert measure(model, load_hardware("h200"), ("gdn", "mtp_fc"), tmp_path, device="cpu", modes=("eager",),
+                       commit=commit, grid=GRID, log=lambda s: None, on_job_done=snapshot) == 0
+    assert seen[:3] == [(["gdn"], False, "first", "tiny"), (["gdn", "mtp_fc"], False, "first", "tiny"),
+                        (["gdn", "mtp_fc"], True, "first", "tiny")]
+    parts = json.loads((mdir / "provenance.json").read_text())["parts"]
+    assert [(p["git_commit"], p["finished"]) for p in parts] == [("first", True), ("second", True)]
+
+
 @pytest.mark.slow
 def test_kernels_job_benches_the_models_shard_heads_into_its_folder(tmp_path):
     """The kernels job on the bench's CPU rehearsal (toy sizes, GDN_BENCH_REHEARSAL, set before the bench is
