@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.figure_style import (NOT_RUN_MARKER, color, header, log_ticks, marker, not_run_note, save_figure,
-                              short_model, why_not_run)
+from sim.figure_style import (NOT_RUN_MARKER, color, header, linestyle, log_ticks, marker, not_run_note,
+                              save_figure, short_model, why_not_run)
 import matplotlib.pyplot as plt  # noqa: E402  (after figure_style, which picks the file backend)
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import NullLocator  # noqa: E402
@@ -18,6 +18,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from sim.report import Section, policies_in  # noqa: E402
+from sim.speculation import NO_SPECULATION  # noqa: E402
 
 TREE_AXIS = "policy_overrides.draft_tree_widths"
 LOAD_LABELS = {
@@ -82,7 +83,7 @@ def _draw_cell(ax: plt.Axes, cell: Cell, load: str, loads: list[float], col: str
         rows = cell.rows[cell.rows["policy"] == policy].sort_values(load)
         line = rows[rows["status"] == "ok"]
         if not line.empty:
-            ax.plot(_dodged(line[load], k, len(policies), span), transform(line[col]), "-", marker=marker(policy),
+            ax.plot(_dodged(line[load], k, len(policies), span), transform(line[col]), linestyle(policy), marker=marker(policy),
                     markersize=4, fillstyle="none", linewidth=1.2, color=color(policy))
         missing = rows[rows["status"] != "ok"]
         if not ok.empty and not missing.empty:  # some loads ran, these did not: an x on the axis
@@ -142,7 +143,8 @@ def _against_load(
         r, c = divmod(idx, ncols)
         for i in range(nm):
             axes[r * nm + i][c].set_visible(False)
-    handles = [Line2D([], [], color=color(p), marker=marker(p), fillstyle="none", label=p) for p in policies]
+    handles = [Line2D([], [], color=color(p), marker=marker(p), linestyle=linestyle(p), fillstyle="none",
+                      label=f"{p} (no speculation)" if p == NO_SPECULATION else p) for p in policies]
     if marked:
         handles.append(Line2D([], [], color="black", marker=NOT_RUN_MARKER, linestyle="none",
                               label="did not run at this load (see report.md)"))
@@ -157,7 +159,7 @@ def _against_load(
         wide = ok.pivot_table(index=index, columns="policy", values=col, sort=False, dropna=False)
         tables.append((ylabel, transform(wide[policies_in(ok)]).reset_index()))
     note = (f"One panel per model and gmu{' (and ' + ', '.join(facets) + ')' if facets else ''}, one line per "
-            f"policy (colour and marker). {explain + ' ' if explain else ''}{spread}")
+            f"policy (colour and marker; the no-speculation baseline `{NO_SPECULATION}` dashed where the grid has it). {explain + ' ' if explain else ''}{spread}")
     if marked:
         note += " An x on the load axis marks a point that did not run."
     if caption := not_run_note(df):

@@ -47,6 +47,20 @@ def speculation_table(df: pd.DataFrame, load_axis: str | None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def verdict_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Per model and gmu: at how many loads speculation pays, where, and which policy wins there."""
+    rows = []
+    for (model, gmu), g in table.groupby(["model", "gmu"], sort=False, dropna=False):
+        pays = g[g["speedup"] > 1]
+        where = ", ".join(f"{v:g}" for v in pays["load"]) if "load" in g and len(pays) else "-"
+        winners = pays["best policy"].value_counts()
+        rows.append({"model": model, "gmu": gmu, "points": len(g),
+                     "speculation pays at": f"{len(pays)} of {len(g)}", "loads where it pays": where,
+                     "winner where it pays": ", ".join(f"{p} ({n})" for p, n in winners.items()) or "-",
+                     "best speedup": g["speedup"].max(), "worst speedup": g["speedup"].min()})
+    return pd.DataFrame(rows)
+
+
 def draw_speculation(table: pd.DataFrame, load_label: str | None) -> tuple[plt.Figure, list[plt.Axes]]:
     """One panel per model: the speedup against load, one line per gmu, each point named by its winner."""
     models = list(dict.fromkeys(table["model"]))
@@ -75,9 +89,13 @@ def draw_speculation(table: pd.DataFrame, load_label: str | None) -> tuple[plt.F
 
 def note(table: pd.DataFrame) -> str:
     pays = int((table["speedup"] > 1).sum())
+    lines = [f"- {row['model']}, gmu {row['gmu']:g}: speculation pays at {row['speculation pays at']} loads"
+             + (f" ({row['loads where it pays']}); the winner there: {row['winner where it pays']}"
+                if row["loads where it pays"] != "-" else "") + "."
+             for _, row in verdict_table(table).iterrows()]
     return (f"Output throughput of the best speculating policy at each point divided by the no-speculation "
             f"baseline's (policy `{NO_SPECULATION}`, vLLM without a speculative config); the dashed line is parity. "
-            f"Speculation pays at {pays} of {len(table)} points.")
+            f"Speculation pays at {pays} of {len(table)} points:\n\n" + "\n".join(lines))
 
 
 NOT_DRAWN = (f"Not drawn: the grid has no policy `{NO_SPECULATION}` (no speculative decoding) point beside a "

@@ -18,6 +18,8 @@ import pandas as pd  # noqa: E402
 
 COLORS = {"store_all": "#4c72b0", "reconstruct": "#dd8452", "replay": "#55a868", "none": "#8172b3"}
 MARKERS = {"store_all": "o", "reconstruct": "s", "replay": "^", "none": "v"}
+# The no-speculation baseline is the line the speculating policies are read against: dashed.
+LINESTYLES = {"none": "--"}
 NOT_RUN_MARKER = "x"
 # Ratio axes are logarithmic; label them at round ratios, the roundest first, whatever the span.
 NICE_RATIOS = (1.0, 2, 0.5, 10, 0.1, 5, 0.2, 1.5, 0.7, 3, 0.3, 1.2, 0.8, 1.1, 0.9, 1.05, 0.95, 20, 0.05, 50, 0.02, 100, 0.01)
@@ -29,6 +31,10 @@ def color(policy: str) -> str:
 
 def marker(policy: str) -> str:
     return MARKERS.get(policy, "D")
+
+
+def linestyle(policy: str) -> str:
+    return LINESTYLES.get(policy, "-")
 
 
 def save_figure(fig: plt.Figure, fig_dir: Path, stem: str) -> None:

@@ -189,7 +189,8 @@ def fig_speculation(df: pd.DataFrame, manifest: dict[str, Any], fig_dir: Path) -
     for ax in axes:
         ratio_ticks(ax)
     save_figure(fig, fig_dir, spec.STEM)
-    return Section(spec.TITLE, spec.STEM, spec.note(table), [("per point", table)])
+    return Section(spec.TITLE, spec.STEM, spec.note(table),
+                   [("per model and gmu", spec.verdict_table(table)), ("per point", table)])
 
 
 FIGURES = (fig_breakdown, fig_kv_usage, fig_latency_throughput, fig_trees, fig_speculation)

@@ -109,6 +109,11 @@ def test_sweep_with_none_reports_whether_speculation_pays(tmp_path):
     assert cli(["figures", "--sweep", str(out)]) == 0
     report = (out / "report.md").read_text()
     assert "Does speculative decoding pay?" in report and "| none tok/s |" in report
+    # The verdict per model and gmu, and the baseline beside the policies in figure 3's tables.
+    assert "**per model and gmu**" in report and "| speculation pays at | loads where it pays |" in report
+    assert "qwen3.5-35b-a3b, gmu 0.9: speculation pays at " in report
+    fig3 = report.split("## Figure 3")[1].split("## Figure 4")[0]
+    assert "| store_all | none |" in fig3 and "`none` dashed" in fig3
     assert (out / "figures" / "fig5_speculation.png").exists()
     import pandas as pd
     df = pd.read_csv(out / "points.csv")

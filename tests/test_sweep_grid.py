@@ -16,13 +16,13 @@ def write(tmp_path, text):
     return path
 
 
-def test_paper_grid_is_the_study_grid_plus_deferred():
+def test_paper_grid_is_the_study_grid_plus_deferred_and_the_no_speculation_baseline():
     points = load_grid(GRIDS / "paper.yaml", "sharegpt").points("sharegpt")
-    assert len(points) == 144
+    assert len(points) == 180
     assert {p.model for p in points} == set(MODELS)
     assert {p.engine.gmu for p in points} == {0.6, 0.75, 0.9}
     assert {p.client.max_concurrency for p in points} == {1, 8, 32, 64, 128, 256}
-    assert {p.policy for p in points} == {"store_all", "reconstruct", "replay", "reconstruct_deferred"}
+    assert {p.policy for p in points} == {"store_all", "reconstruct", "replay", "reconstruct_deferred", "none"}
     assert {tuple(p.policy_overrides["draft_tree_widths"]) for p in points} == {(1, 1, 1)}
     assert all(p.num_requests == 1000 and p.workload == "sharegpt" and p.client.request_rate is None for p in points)
 
@@ -30,7 +30,7 @@ def test_paper_grid_is_the_study_grid_plus_deferred():
 def test_burstgpt_sweeps_a_poisson_rate_instead_of_concurrency():
     grid = load_grid(GRIDS / "paper.yaml", "burstgpt")
     points = grid.points("burstgpt")
-    assert grid.load_axis == "client.request_rate" and len(points) == 144
+    assert grid.load_axis == "client.request_rate" and len(points) == 180
     assert all(p.client.max_concurrency is None and p.client.burstiness == 1.0 for p in points)
     assert len({p.client.request_rate for p in points}) == 6
 
@@ -45,7 +45,7 @@ def test_trees_grid_has_the_tree_shapes():
 def test_cli_model_and_hardware_replace_the_grid():
     grid = load_grid(GRIDS / "paper.yaml", "sharegpt", model="qwen3.5-35b-a3b", hardware="b200")
     points = grid.points("sharegpt")
-    assert len(points) == 72 and {(p.model, p.hardware) for p in points} == {("qwen3.5-35b-a3b", "b200")}
+    assert len(points) == 90 and {(p.model, p.hardware) for p in points} == {("qwen3.5-35b-a3b", "b200")}
 
 
 def test_axes_cross_in_order_and_fixed_values_apply(tmp_path):
