@@ -31,7 +31,10 @@ from core.config import ConfigError
 
 REFERENCE_ACCEPTED_LEN = {(1, 1, 1): 3.24, (3, 3, 3): 3.58}  # docs/design.md#draft-trees, bonus token included
 RANK_COLUMNS = 16  # candidate ranks listed per row of the default distribution
-UNIFORM_BLOCK = 64  # verify steps of uniforms drawn per refill (amortises numpy call overhead)
+# Verify steps of uniforms drawn per refill (amortises numpy's call overhead): the first block,
+# then each twice the one before up to the largest, so a long request refills a few times only.
+UNIFORM_BLOCK = 64
+UNIFORM_BLOCK_MAX = 1024
 
 
 def _solve_geometric_sum(target: float, depth: int) -> float:
@@ -84,15 +87,17 @@ def expected_accepted_len(thresholds: Sequence[float]) -> float:
 
 class AcceptanceStream:
     """One request's seeded uniforms, consumed D per verify step; the accepted counts of
-    UNIFORM_BLOCK steps are worked out at once from each block of uniforms."""
+    a block of verify steps are worked out at once from each block of uniforms (a block's size
+    changes only how the stream is read, never its values)."""
 
-    __slots__ = ("_rng", "_counts", "thresholds", "depth")
+    __slots__ = ("_rng", "_counts", "_block_steps", "thresholds", "depth")
 
     def __init__(self, seed: int, request_id: int, thresholds: tuple[float, ...]) -> None:
         self._rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, request_id])))
         self.thresholds = thresholds
         self.depth = len(thresholds)
         self._counts: Iterator[int] = iter(())  # the current block's counts not yet used
+        self._block_steps = UNIFORM_BLOCK
 
     def accepted_drafts(self) -> int:
         """Drafts accepted along the tree's best path this verify step (0..D)."""
@@ -105,7 +110,9 @@ class AcceptanceStream:
     def _block(self) -> list[int]:
         # Depth d is accepted iff its uniform is below P(rank < w_d) and every depth before it was:
         # the count of leading accepts in each row of D uniforms.
-        u = self._rng.random(self.depth * UNIFORM_BLOCK).reshape(UNIFORM_BLOCK, self.depth)
+        steps = self._block_steps
+        self._block_steps = min(2 * steps, UNIFORM_BLOCK_MAX)
+        u = self._rng.random(self.depth * steps).reshape(steps, self.depth)
         accept = u < np.asarray(self.thresholds)
         return np.logical_and.accumulate(accept, axis=1).sum(axis=1).tolist()
 

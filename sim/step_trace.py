@@ -24,6 +24,7 @@ import io
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import compress
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -131,14 +132,12 @@ def assemble_columns(c: BatchColumns, *, verify_positions: int, draft_depth: int
     else:
         chunks = [(n, ctx) for n, ctx, dec in zip(tokens, contexts, decoding) if not dec]
         decode_seqs = num_seqs - len(chunks)
-        uniform = all(n == uniform_len for n, dec in zip(tokens, decoding) if dec)
+        uniform = False  # a batch with prompt chunks is never a uniform decode (sim.dispatch)
     spec_seqs = spec.count(True)
-    if spec_seqs == num_seqs:
-        truncated = verify_positions * num_seqs - sum(tokens)
-    else:
-        truncated = sum(verify_positions - n for n, s in zip(tokens, spec) if s)
-    replay_tokens = sum(r for r, s in zip(c.replayed, spec) if s) if c.replayed is not None else 0
-    flush_seqs = sum(1 for f, s in zip(c.flush, spec) if s and f) if c.flush is not None else spec_seqs
+    verify_tokens = sum(tokens) if spec_seqs == num_seqs else sum(compress(tokens, spec))
+    truncated = verify_positions * spec_seqs - verify_tokens
+    replay_tokens = sum(compress(c.replayed, spec)) if c.replayed is not None else 0
+    flush_seqs = sum(map(bool, compress(c.flush, spec))) if c.flush is not None else spec_seqs
     total = sum(tokens)
     d = dispatch_counts(total, num_seqs, decode_seqs, uniform, sizes, full_graph_ok)
     return StepBatch(

@@ -74,3 +74,24 @@ def test_workload_category_overrides_default():
 def test_bad_acceptance_rows(rows, match):
     with pytest.raises(ConfigError, match=match):
         AcceptanceModel((1, 1, 1), 0, {"": rows})
+
+
+def test_stream_reads_d_uniforms_per_verify_across_refills():
+    """Whatever the refill sizes, the k-th verify step's count comes from uniforms D*k .. D*k+D-1
+    of the request's seeded stream (the common random numbers every policy shares)."""
+    from sim.acceptance import UNIFORM_BLOCK_MAX
+
+    model = AcceptanceModel((1, 1, 1), seed=3)
+    stream = model.stream(request_id=42)
+    steps = 3 * UNIFORM_BLOCK_MAX + 17  # past several refills of growing size
+    got = [stream.accepted_drafts() for _ in range(steps)]
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([3, 42])))
+    p = model.thresholds("")
+    want = []
+    for _ in range(steps):
+        u = rng.random(3)
+        a = 0
+        while a < 3 and u[a] < p[a]:
+            a += 1
+        want.append(a)
+    assert got == want
