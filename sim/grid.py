@@ -40,6 +40,7 @@ CLI_ONLY = ("workload",)
 DICT_FIELD_KEYS: dict[str, tuple[str, ...] | None] = {
     "policy_overrides": tuple(k for k in PolicyConfig.model_fields if k not in ("name", "mamba_state_commit")),
     "workload_overrides": None,
+    "model_overrides": ("weights", "mamba_ssm_dtype", "tensor_parallel"),  # e.g. the FP8 checkpoint: weights: fp8
 }
 # Axes that set the offered load; the first one a grid sweeps is its load axis.
 LOAD_FIELDS = ("client.max_concurrency", "client.request_rate")

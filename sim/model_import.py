@@ -239,7 +239,11 @@ def import_config(cfg: dict[str, Any], source: str, name: str, tensor_parallel: 
         imp.defaults["mamba_ssm_dtype"] = f"{dtype} (no mamba_ssm_dtype: vLLM keeps the state in the model dtype)"
     m["mamba_ssm_dtype"] = str(ssm or dtype)
     quant = cfg.get("quantization_config") or text.get("quantization_config")
-    if quant:
+    if quant and quant.get("quant_method") == "fp8" and list(quant.get("weight_block_size") or []) == [128, 128]:
+        m["weights"] = "fp8"  # block-FP8 (docs/fp8.md): e4m3 blocks of 128 x 128, float32 scales
+        imp.notes.append(f"quantization_config {json.dumps(quant, sort_keys=True)}: the block-FP8 checkpoint, "
+                         "weights: fp8 (its weight bytes from the tensor list, its own calibration folder)")
+    elif quant:
         imp.notes.append(f"quantization_config {json.dumps(quant, sort_keys=True)} read but not modelled: "
                          f"weights are priced at {dtype}")
     _params(m, imp)

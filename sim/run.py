@@ -103,7 +103,7 @@ def _simulate(cfg: RunConfig, staged: StagedOutput | None) -> tuple[dict[str, An
         engine=eng, block_tokens=layout.attn_block_tokens, round_trip_s=cfg.client.round_trip_s,
     )
     summary = {
-        "model": model.name, "hardware": hw.name, "policy": cfg.policy, "tree": str(policy.tree),
+        "model": model.name, "weights": model.weights, "hardware": hw.name, "policy": cfg.policy, "tree": str(policy.tree),
         "workload": workload.name, "gmu": eng.gmu, "max_concurrency": cfg.client.max_concurrency,
         "request_rate": cfg.client.request_rate, "arrival": arrival_kind,
         "num_requests": len(workload.requests), "seed": cfg.seed,

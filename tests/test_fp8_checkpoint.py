@@ -66,3 +66,15 @@ def test_fp8_model_is_never_priced_from_bf16_tables(name, override):
     bf16, m = load_model("qwen3.5-35b-a3b"), load_model(name, override)
     assert make_latency_model(bf16, hw, make_policy(bf16, load_policy("store_all")), eng).sources.summary() == "calibrated"
     assert make_latency_model(m, hw, make_policy(m, load_policy("store_all")), eng).sources.summary() == "analytic"
+
+
+def test_a_grid_crosses_the_checkpoints_with_a_weights_axis(tmp_path):
+    from sim.grid import load_grid
+    path = tmp_path / "g.yaml"
+    path.write_text("description: both checkpoints\nfixed: {num_requests: 10}\n"
+                    "axes:\n  model_overrides.weights: [bf16, fp8]\n  model: [qwen3.5-35b-a3b]\n")
+    points = load_grid(path, "sharegpt").points("sharegpt")
+    assert [p.model_overrides for p in points] == [{"weights": "bf16"}, {"weights": "fp8"}]
+    with pytest.raises(Exception, match="unknown grid field 'model_overrides.hidden_size'"):
+        path.write_text("description: x\naxes:\n  model_overrides.hidden_size: [1]\n")
+        load_grid(path, "sharegpt")

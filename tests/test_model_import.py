@@ -117,6 +117,16 @@ def test_shared_expert_width_other_than_the_experts_is_kept():
 
 def test_quantization_config_is_reported_not_silently_dropped():
     cfg = copy.deepcopy(_hf("Qwen3.5-35B-A3B"))
-    cfg["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    cfg["quantization_config"] = {"quant_method": "awq", "bits": 4}
+    imp = import_config(cfg, "cfg", "qwen3.5-35b-a3b-awq", tensor_parallel=1)
+    assert any("awq" in n and "not modelled" in n for n in imp.notes) and "weights" not in imp.data
+
+
+def test_a_block_fp8_checkpoint_imports_as_fp8_weights():
+    cfg = copy.deepcopy(_hf("Qwen3.5-35B-A3B"))
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                  "weight_block_size": [128, 128]}
     imp = import_config(cfg, "cfg", "qwen3.5-35b-a3b-fp8", tensor_parallel=1)
-    assert any("fp8" in n and "not modelled" in n for n in imp.notes)
+    m = ModelConfig.model_validate(imp.data)
+    assert m.weights == "fp8" and m.calibration_name == "qwen3.5-35b-a3b-fp8"
+    assert m.weight_bytes_per_gpu < 0.55 * ModelConfig.model_validate({**imp.data, "weights": "bf16"}).weight_bytes_per_gpu
