@@ -98,6 +98,8 @@ def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: 
         provenance.write(mdir / "provenance.json", {"model": model.name, "parts": [*earlier, part]})
     interrupted = False
     packaged: dict[str, str] = {}  # table -> the packaged kernel that priced it, where there is a choice
+    if "moe" in jobs and cuda and h.shapes.num_experts:
+        packaged["moe"] = moe_kernel_name(h.shapes)
     if fa4 is not None:
         packaged.update({t: f"flash-attn-4 {_version('flash-attn-4')}" for t in ("attn_decode", "attn_prefill")
                          if t in jobs})
@@ -176,6 +178,16 @@ def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: 
     if interrupted:  # no further model or job: the caller's limit is up
         raise KeyboardInterrupt
     return 1 if errors else 0
+
+
+def moe_kernel_name(s: LayerShapes) -> str:
+    """Our fused MoE and the launch configs it runs here: its tuned table's file, or the heuristic."""
+    import torch
+
+    from calibrate.kernels import moe_configs as MC
+    name = MC.file_name(s.num_experts, s.expert_width, torch.cuda.get_device_name())
+    found = (MC.TABLE_DIR / name).is_file()
+    return f"calibrate/kernels/fused_moe.py, configs {'calibrate/kernels/moe_configs/' + name if found else 'default_config (no tuned table)'}"
 
 
 ATTN_BACKENDS = ("triton", "fa4", "auto")

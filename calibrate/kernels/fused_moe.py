@@ -18,40 +18,31 @@ GEMMs serve routed and shared experts in one launch each. Launches:
 Small batches skip step 3: each pair is its own M-block (one valid row of BLOCK_M),
 since with few tokens an expert rarely has two pairs and sorting costs more launches
 than it saves. Every buffer is sized from shapes alone, so the call is CUDA-graph
-capturable.
+capturable. Block sizes come from the tuned table for the shapes and GPU where one is
+committed (`moe_configs.py`, vLLM's per-(E, N, device) JSON tables and nearest-token rule),
+else `default_config`.
+
+Structure after vLLM's (vllm/model_executor/layers/fused_moe/fused_moe.py: `fused_experts`,
+`fused_moe_kernel`, `moe_align_block_size`, `moe_sum`): pairs sorted by expert and padded
+to BLOCK_M, one grouped-GEMM launch per projection with the routing weight in the down
+GEMM's epilogue, a top-k sum. Ours also fuses SiLU(gate) * up into the gate+up epilogue
+(vLLM: a separate `silu_and_mul`) and the shared expert into the same GEMMs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
 from calibrate.kernels.common import INTERPRET, mma
+from calibrate.kernels.moe_configs import MoEConfig, config_for, default_config  # noqa: F401 (re-exported)
 
 
-@dataclass(frozen=True)
-class MoEConfig:
-    sorted: bool  # group pairs by expert (large batches) or one pair per M-block
-    block_m: int
-    block_n: int
-    block_k: int
-    num_warps: int = 4
-    num_stages: int = 3
-    group_m: int = 8  # M-blocks sharing an N-column in launch order (L2 reuse of weights)
-    down_block_n: int | None = None  # the down GEMM's N tile (hidden), default block_n
-
-
-def default_config(tokens: int) -> MoEConfig:
-    """Block sizes by token count (bench-tuned on the H200 where noted in NOTES.md)."""
-    if tokens <= 16:
-        return MoEConfig(sorted=False, block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=4)
-    if tokens <= 256:
-        return MoEConfig(sorted=True, block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)
-    if tokens <= 2048:
-        return MoEConfig(sorted=True, block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=4)
-    return MoEConfig(sorted=True, block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
+@functools.lru_cache(maxsize=None)
+def _device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
 
 
 # Token and pair counts vary call to call: one compiled variant for all of them.
@@ -292,8 +283,8 @@ def fused_moe(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w2: to
     NP = top_k + int(has_shared)
     NE = E + int(has_shared)
     num_pairs = T * NP
-    cfg = config or default_config(T)
     dev = x.device
+    cfg = config or config_for(T, E, I, _device_name(dev.index or 0) if dev.type == "cuda" and not INTERPRET else None)
 
     logits = torch.empty(T, NE, dtype=torch.float32, device=dev)
     # Few tokens: narrow expert tiles spread the router's bytes over many SMs; many tokens: wide
