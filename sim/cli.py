@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from core.errors import ConfigError
+from core.tables import TableError
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("sim.run", "simulate one configuration; with --out, write summary.json + requests.csv + config.yaml"),
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
     try:
         return int(importlib.import_module(args._module).main(args) or 0)
-    except ConfigError as e:
+    except (ConfigError, TableError) as e:  # a calibration folder missing or mangling a table: data, not our bug
         print(f"specsim {args.command}: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a path the user named that cannot be read or written: their input, not our bug

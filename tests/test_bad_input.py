@@ -180,3 +180,20 @@ def test_longest_fit_is_the_boundary():
     longest = int(str(e.value).split("fits is ")[1].split(" tokens")[0].replace(",", ""))
     assert pool.units_for(longest) <= pool.capacity < pool.units_for(longest + 1)
     check_one_request_fits(pool, longest, "1,1,1")
+
+
+def test_a_calibration_folder_missing_a_required_table_is_one_line(tmp_path, monkeypatch, capsys, no_simulation):
+    """A model folder holding some tables and not the attention ones (a measurement cut short, merged):
+    one line naming the missing file, exit 2, rather than a traceback or a silent roofline."""
+    from core.config import load_hardware
+
+    mdir = tmp_path / "qwen3.5-35b-a3b"
+    mdir.mkdir()
+    from core.tables import COLUMNS
+    row = {c: 1 for c in COLUMNS} | {"mode": "graph", "ctx": 0, "us": 20.0}
+    (mdir / "gdn.csv").write_text(",".join(COLUMNS) + "\n" + ",".join(str(row[c]) for c in COLUMNS) + "\n")
+    h200 = load_hardware("h200").model_copy(update={"calibration_dir": str(tmp_path)})
+    monkeypatch.setattr(run_mod, "load_hardware", lambda name: h200)
+    err = one_line_error(["run", "--model", "qwen3.5-35b-a3b", "--hardware", "h200", "--num-requests", "2",
+                          "--out", str(tmp_path / "out")], capsys)
+    assert "no such calibration table" in err and ".csv" in err
