@@ -70,6 +70,7 @@ class AnalyticLatencyModel:
         self.lm_head = model.vocab_size * h / tp
         self.mtp_extra = 2 * h * h / tp  # MTP's fusion projection of [embedding, hidden]
         self.wb = wb
+        self.lm_wb = model.weight_dtype_bytes  # the LM head stays unquantised in an FP8 checkpoint
 
         self.state_bytes = g.num_v_heads // tp * g.head_v_dim * g.head_k_dim * model.state_dtype_bytes  # per layer, seq
         self.state_elems = g.num_v_heads // tp * g.head_v_dim * g.head_k_dim
@@ -182,7 +183,7 @@ class AnalyticLatencyModel:
         nbytes, flops = self._moe_layer(T)
         t["moe"] = self.layers * self._roof(nbytes, flops)
 
-        t["lm_head"] = self._roof(self.lm_head * self.wb + sampled * self.model.vocab_size / self.tp * FP32_BYTES,
+        t["lm_head"] = self._roof(self.lm_head * self.lm_wb + sampled * self.model.vocab_size / self.tp * FP32_BYTES,
                                   2 * sampled * self.lm_head)
 
         # MTP drafter: one pass over all scheduled tokens, then one pass per further depth
@@ -197,7 +198,7 @@ class AnalyticLatencyModel:
             for tokens, seqs, rows in passes:
                 ab, af, ab_ctx, af_ctx = self._attn_layer(tokens, seqs, 0, 0)
                 mb, mf = self._moe_layer(tokens)
-                nbytes = ab + mb + (self.mtp_extra + self.lm_head) * self.wb
+                nbytes = ab + mb + self.mtp_extra * self.wb + self.lm_head * self.lm_wb
                 flops = af + mf + 2 * tokens * self.mtp_extra + 2 * rows * self.lm_head
                 parts.append(("drafter", 1, nbytes, flops, ab_ctx, af_ctx))
 

@@ -78,3 +78,12 @@ def test_a_grid_crosses_the_checkpoints_with_a_weights_axis(tmp_path):
     with pytest.raises(Exception, match="unknown grid field 'model_overrides.hidden_size'"):
         path.write_text("description: x\naxes:\n  model_overrides.hidden_size: [1]\n")
         load_grid(path, "sharegpt")
+
+
+def test_roofline_reads_fp8_projections_at_one_byte_and_the_bf16_lm_head_at_two():
+    from sim.latency_analytic import AnalyticLatencyModel
+    hw, eng = load_hardware("h200"), EngineConfig()
+    fp8, bf16 = load_model("qwen3.5-35b-a3b-fp8"), load_model("qwen3.5-35b-a3b")
+    a8 = AnalyticLatencyModel(fp8, hw, make_policy(fp8, load_policy("store_all")), eng)
+    a16 = AnalyticLatencyModel(bf16, hw, make_policy(bf16, load_policy("store_all")), eng)
+    assert (a8.wb, a8.lm_wb, a16.wb, a16.lm_wb) == (1, 2, 2, 2)
