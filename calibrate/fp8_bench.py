@@ -53,12 +53,28 @@ def dense_shapes(model) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _outer_major(a_s: torch.Tensor) -> torch.Tensor:
+    """[M, K/128] scales stored outer-dim-major with the leading dimension padded to 4, as
+    torch's BlockWise1x128 asks."""
+    m, kg = a_s.shape
+    buf = torch.zeros(kg, -(-m // 4) * 4, dtype=a_s.dtype, device=a_s.device)
+    buf[:, :m] = a_s.t()
+    return buf.t()[:m]
+
+
+# How torch wants the weight's [N/128, K/128] scales for b = weight.T: tried in order, the first
+# whose product matches the reference is used (check_torch_block_mm).
+B_SCALE_LAYOUTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "n_by_k": lambda ws: ws, "k_by_n_view": lambda ws: ws.t(), "k_by_n": lambda ws: ws.t().contiguous()}
+B_LAYOUT: list[str] = []
+
+
 def torch_block_mm(aq: torch.Tensor, a_s: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
-    """torch's block-wise scaled_mm: scale_a [M, K/128] outer-dim-major (BlockWise1x128),
-    scale_b [N/128, K/128] (BlockWise128x128), b the weight's transpose (column-major)."""
+    """torch's block-wise scaled_mm: scale_a [M, K/128] (BlockWise1x128), the weight's scales
+    (BlockWise128x128), b the weight's transpose (column-major)."""
     st = F.ScalingType
-    return F.scaled_mm(aq, wq.t(), a_s.t().contiguous().t(), st.BlockWise1x128, ws, st.BlockWise128x128,
-                       output_dtype=torch.bfloat16)
+    return F.scaled_mm(aq, wq.t(), _outer_major(a_s), st.BlockWise1x128, B_SCALE_LAYOUTS[B_LAYOUT[0]](ws),
+                       st.BlockWise128x128, output_dtype=torch.bfloat16)
 
 
 class Bench:
@@ -90,21 +106,30 @@ class Bench:
 
 
 def check_torch_block_mm(b: Bench) -> bool:
-    for m in (1, 16, 300):
-        a = torch.randn(m, 2048, device=b.dev).bfloat16()
-        aq, a_s = G.group_quant(a)
-        wq, ws = G.quantize_weight_blocks(torch.randn(1024, 2048, device=b.dev) * 0.02)
-        try:
-            out = torch_block_mm(aq, a_s, wq, ws)
-        except Exception as e:  # noqa: BLE001 - the reason is the record
-            b.notes.append(f"torch block-wise scaled_mm unavailable at M={m}: {type(e).__name__}: {str(e)[:200]}")
-            return False
-        ref = G.fp8_block_gemm_ref(aq, a_s, wq, ws, torch.float64)
-        err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
-        if err > 1e-2:
-            b.notes.append(f"torch block-wise scaled_mm wrong at M={m}: max error {err:.3g}")
-            return False
-    return True
+    wq, ws = G.quantize_weight_blocks(torch.randn(1024, 2048, device=b.dev) * 0.02)
+    errors = []
+    for layout in B_SCALE_LAYOUTS:
+        B_LAYOUT[:] = [layout]
+        ok = True
+        for m in (16, 1, 300):
+            aq, a_s = G.group_quant(torch.randn(m, 2048, device=b.dev).bfloat16())
+            try:
+                out = torch_block_mm(aq, a_s, wq, ws)
+            except Exception as e:  # noqa: BLE001 - the reason is the record
+                errors.append(f"{layout} M={m}: {type(e).__name__}: {str(e)[:160]}")
+                ok = False
+                break
+            ref = G.fp8_block_gemm_ref(aq, a_s, wq, ws, torch.float64)
+            err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+            if err > 1e-2:
+                errors.append(f"{layout} M={m}: max error {err:.3g}")
+                ok = False
+                break
+        if ok:
+            b.notes.append(f"torch block-wise scaled_mm: weight scales as {layout}")
+            return True
+    b.notes.append("torch block-wise scaled_mm unusable: " + "; ".join(errors))
+    return False
 
 
 def bench_dense(b: Bench, model, bw: float, tf: float, with_torch: bool) -> None:
@@ -137,7 +162,7 @@ def bench_dense(b: Bench, model, bw: float, tf: float, with_torch: bool) -> None
 def bench_moe(b: Bench, model, bw: float, tf: float) -> None:
     e, h = model.moe, model.hidden_size
     E, I = e.num_experts, e.expert_width
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=b.dev).manual_seed(0)
     w13, w13s = G.quantize_weight_blocks(torch.randn(E, 2 * I, h, device=b.dev, generator=gen) * 0.02)
     w2, w2s = G.quantize_weight_blocks(torch.randn(E, h, I, device=b.dev, generator=gen) * 0.02)
     s13, s13s = G.quantize_weight_blocks(torch.randn(2 * I, h, device=b.dev, generator=gen) * 0.02)
