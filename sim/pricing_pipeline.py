@@ -66,6 +66,7 @@ class PipelinePricing:
         self._dense: dict[int, tuple[float, float, float, float]] = {}
         self._drafter: dict[tuple[int, int, int], tuple[list[tuple[int, float]], tuple[int, ...]]] = {}
         self._drafter_pass: dict[tuple[int, int], float] = {}
+        self._attn_layers = lat.model.attn_layers  # asked every step; the model does not change
 
     def step_time(self, b: StepBatch) -> StepTime:
         us, ops, prepare, finish, cores, host_total = self.parts(b)
@@ -92,7 +93,7 @@ class PipelinePricing:
             by_width = {w: self._attention_core_us(b, b.num_seqs, b.num_seqs * w, ()) for w in set(built.later_pass_widths)}
             cores += [by_width[w] for w in built.later_pass_widths]
         us = dict(built.terms_us)
-        us["attention"] += self.lat.model.attn_layers * cores[0]
+        us["attention"] += self._attn_layers * cores[0]
         if b.draft_depth:
             us["drafter"] += sum(cores)
         return PipelineParts(us, built.ops, built.prepare_us, built.finish_us, cores, built.host_total_us)
