@@ -19,8 +19,11 @@ class ClientConfig(Strict):
     arrival_process: Literal["gamma", "constant"] = "gamma"
     use_trace_arrivals: bool = False  # replay the workload's own timestamps
     time_scale: float = Field(1.0, gt=0)  # trace replay: multiply gaps by this
-    # Seconds a request spends outside the engine (HTTP both ways, tokenisation): unmeasured, so 0
+    # The API server outside the engine (sim/client.py; docs/guidellm.md#outside-the-engine): seconds
+    # per request for HTTP both ways and a token's detokenisation and stream, and seconds per prompt
+    # token on its one tokeniser thread. 0 by default: the engine alone, as the sweeps compare policies
     round_trip_s: float = Field(0.0, ge=0)
+    tokenize_s_per_token: float = Field(0.0, ge=0)
 
     @model_validator(mode="after")
     def _constant_needs_rate(self) -> "ClientConfig":

@@ -6,11 +6,14 @@ request is sent only while fewer than that many are in flight. A request's clock
 starts when it is sent, so time spent behind the semaphore is client-side queueing,
 reported apart from the engine's waiting.
 
-`round_trip_s` is the time a request spends outside the engine: HTTP both ways,
-the API server's tokenisation and detokenisation. It is charged between the send and
-the engine's queue, so TTFT and E2E include it once (as the client measures them) and
-in a closed loop the next request reaches the engine that long after the previous
-one finished.
+`round_trip_s` is the time a request spends outside the engine apart from its prompt's
+tokenisation: HTTP both ways, the detokenisation and streaming of a token. It is charged
+between the send and the engine's queue, so TTFT and E2E include it once (as the client
+measures them) and in a closed loop the next request reaches the engine that long after
+the previous one finished. Then the API server tokenises the prompt, `tokenize_s_per_token`
+per prompt token, on its one tokeniser thread (vLLM's `AsyncMicrobatchTokenizer` runs a
+single-thread executor): requests that arrive together wait for each other there.
+docs/guidellm.md#outside-the-engine says where the numbers come from.
 """
 from __future__ import annotations
 
@@ -24,17 +27,22 @@ from sim.request import Request
 
 class Client:
     def __init__(self, env: simpy.Environment, requests: Sequence[Request], max_concurrency: int | None,
-                 send: Callable[[Request], bool], round_trip_s: float = 0.0) -> None:
+                 send: Callable[[Request], bool], round_trip_s: float = 0.0,
+                 tokenize_s_per_token: float = 0.0) -> None:
         """`send` hands a request to the engine; False means the engine rejected it at once."""
         if max_concurrency is not None and max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency}")
         if not round_trip_s >= 0:
             raise ValueError(f"round_trip_s must be >= 0 seconds, got {round_trip_s}")
+        if not tokenize_s_per_token >= 0:
+            raise ValueError(f"tokenize_s_per_token must be >= 0 seconds, got {tokenize_s_per_token}")
         self.env = env
         self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.rid))
         self.limit = max_concurrency
         self._send = send
         self.round_trip_s = round_trip_s
+        self.tokenize_s_per_token = tokenize_s_per_token
+        self.tokenizer = simpy.Resource(env, capacity=1)  # the API server's tokeniser thread, FIFO
         self.in_flight = 0
         self.queue: deque[Request] = deque()  # ready, waiting for a concurrency slot
 
@@ -53,13 +61,18 @@ class Client:
             req = self.queue.popleft()
             req.send_s = self.env.now
             self.in_flight += 1
-            if self.round_trip_s > 0:
+            if self.round_trip_s > 0 or self.tokenize_s_per_token > 0:
                 self.env.process(self._deliver(req))
             elif not self._send(req):
                 self.in_flight -= 1
 
     def _deliver(self, req: Request) -> Generator[simpy.Event, None, None]:
-        yield self.env.timeout(self.round_trip_s)
+        if self.round_trip_s > 0:
+            yield self.env.timeout(self.round_trip_s)
+        if self.tokenize_s_per_token > 0:
+            with self.tokenizer.request() as turn:
+                yield turn
+                yield self.env.timeout(req.prompt * self.tokenize_s_per_token)
         if not self._send(req):
             self.on_done(req)
 

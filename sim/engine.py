@@ -206,13 +206,14 @@ def run_engine(specs: Sequence[RequestSpec], *, pool: Pool, policy: CommitPolicy
                acceptance: AcceptanceModel, max_num_batched_tokens: int, max_num_seqs: int,
                admission: str = "full_prompt", arrivals: Sequence[float] | None = None,
                max_concurrency: int | None = None, trace: bool = False, engine: EngineConfig | None = None,
-               block_tokens: int | None = None, round_trip_s: float = 0.0) -> EngineResult:
+               block_tokens: int | None = None, round_trip_s: float = 0.0,
+               tokenize_s_per_token: float = 0.0) -> EngineResult:
     """Simulate `specs` through one engine; `arrivals` are ready times (default: all at 0).
 
     `engine` supplies the vLLM behaviours (async scheduling, draft truncation, mamba
     cache mode; default: current vLLM's); `block_tokens` is the scheduler's block size
-    for align mode (default: the paged pool's attention block); `round_trip_s` the
-    client's time outside the engine per request (sim.client).
+    for align mode (default: the paged pool's attention block); `round_trip_s` and
+    `tokenize_s_per_token` the client's time outside the engine per request (sim.client).
     """
     if arrivals is not None and len(arrivals) != len(specs):
         raise ValueError(f"{len(arrivals)} arrival times for {len(specs)} requests")
@@ -247,7 +248,7 @@ def run_engine(specs: Sequence[RequestSpec], *, pool: Pool, policy: CommitPolicy
     sim = Engine(env, scheduler, latency, policy, steps, acceptance if spec_on else None)
     times = [0.0] * len(specs) if arrivals is None else [float(t) for t in arrivals]
     requests = [Request(s, t) for s, t in zip(specs, times)]
-    client = Client(env, requests, max_concurrency, sim.submit, round_trip_s)
+    client = Client(env, requests, max_concurrency, sim.submit, round_trip_s, tokenize_s_per_token)
     sim.on_done = client.on_done
     env.process(client.arrivals())
     env.process(sim.run())
@@ -260,5 +261,6 @@ def run_engine(specs: Sequence[RequestSpec], *, pool: Pool, policy: CommitPolicy
     # The benchmark's duration ends at the last response; a discarded async step may run past it.
     end = max((r.finish_s if r.finish_s is not None else r.send_s or 0.0 for r in requests), default=0.0)
     semantics = {"async_scheduling": engine.async_scheduling, "truncate_drafts": scheduler.truncate_drafts,
-                 "mamba_cache_mode": mamba_mode, "align_block_tokens": align, "client_round_trip_s": round_trip_s}
+                 "mamba_cache_mode": mamba_mode, "align_block_tokens": align, "client_round_trip_s": round_trip_s,
+                 "client_tokenize_s_per_token": tokenize_s_per_token}
     return EngineResult(requests, steps, end, pool, semantics, wall_s)

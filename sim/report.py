@@ -265,7 +265,7 @@ def write_report(path: Path, df: pd.DataFrame, manifest: dict[str, Any], section
         *([f"- workload data: `{data['path']}` (from {data['from']})"] if (data := manifest.get("data_file")) else []),
         "- engine semantics (docs/engine.md): " + ", ".join(
             f"{k} {'/'.join(map(str, dict.fromkeys(ok[c])))}" for k in ("async_scheduling", "truncate_drafts",
-            "mamba_cache_mode", "client_round_trip_s") if (c := f"engine_semantics.{k}") in ok),
+            "mamba_cache_mode", "client_round_trip_s", "client_tokenize_s_per_token") if (c := f"engine_semantics.{k}") in ok),
         f"- grid: `{manifest.get('grid', '?')}`; {len(df)} points: "
         + ", ".join(f"{counts.get(s, 0)} {s}" for s in ("ok", "infeasible", "failed")),
         "- sweep calls on this folder (latest last): "

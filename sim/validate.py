@@ -24,6 +24,7 @@ from core.files import StagedOutput, atomic_write_text
 from sim.guidellm_metrics import guidellm_metrics
 from sim.run import simulate
 from sim.validate_cases import COMPARED, Case, load_cases
+from sim.validate_client import OVERHEAD_FILE, load_overhead
 
 DEFAULT_REAL = REPO_ROOT / "validation" / "real"
 OUT_FILES = ("validation.csv", "validation.json")
@@ -43,8 +44,9 @@ def compare(case: Case, metrics: dict[str, float]) -> list[dict[str, Any]]:
     return rows
 
 
-def run_case(case: Case, source: Path, run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    summary = simulate(case.run_config(str(source)), run_dir)
+def run_case(case: Case, source: Path, run_dir: Path,
+             overhead: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    summary = simulate(case.run_config(str(source), overhead), run_dir)
     with (run_dir / "requests.csv").open(newline="") as f:
         metrics = guidellm_metrics(csv.DictReader(f), summary["duration_s"])
     return summary, compare(case, metrics)
@@ -58,10 +60,15 @@ def _csv_text(rows: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def validate_all(real: Path, out: Path, progress: bool = True) -> dict[str, Any]:
+def validate_all(real: Path, out: Path, progress: bool = True,
+                 overhead_file: Path | None = OVERHEAD_FILE) -> dict[str, Any]:
+    """`overhead_file`: the API server's measured time outside the engine (sim.validate_client);
+    None charges nothing there (the engine alone)."""
     cases = load_cases(real)  # every file checked before anything runs
+    overhead = load_overhead(overhead_file) if overhead_file is not None else None
     rows: list[dict[str, Any]] = []
-    report: dict[str, Any] = {"real": str(real), "cases": {}, "not_expressible": {}}
+    report: dict[str, Any] = {"real": str(real), "client_overhead": _overhead_facts(overhead),
+                              "cases": {}, "not_expressible": {}}
     with StagedOutput(out, OUT_FILES, folders=("runs", "figures")) as staged:
         for n, (path, case) in enumerate(cases, 1):
             if not case.expressible:
@@ -70,11 +77,12 @@ def validate_all(real: Path, out: Path, progress: bool = True) -> dict[str, Any]
             if progress:
                 print(f"[{n}/{len(cases)}] {case.name}", file=sys.stderr, flush=True)
             run_dir = staged.path / "runs" / case.name
-            summary, case_rows = run_case(case, path, run_dir)
+            summary, case_rows = run_case(case, path, run_dir, overhead)
             rows += case_rows
             report["cases"][case.name] = {
                 "file": str(path), "source": case.source.model_dump(), "summary": str(out / "runs" / case.name / "summary.json"),
                 "latency_source": summary["latency_source"], "latency_terms": summary["latency_terms"],
+                "client": {k: summary["engine_semantics"][f"client_{k}"] for k in ("round_trip_s", "tokenize_s_per_token")},
                 "metrics": {r["metric"]: {k: r[k] for k in ("real", "simulated", "ratio")} for r in case_rows},
             }
         atomic_write_text(staged.path / "validation.csv", _csv_text(rows))
@@ -86,17 +94,31 @@ def validate_all(real: Path, out: Path, progress: bool = True) -> dict[str, Any]
     return report
 
 
+def _overhead_facts(overhead: dict[str, Any] | None) -> dict[str, Any] | None:
+    if overhead is None:
+        return None
+    return {"file": str(overhead["path"].relative_to(REPO_ROOT)) if overhead["path"].is_relative_to(REPO_ROOT)
+            else str(overhead["path"]), "round_trip_s": overhead["round_trip_s"], "provenance": overhead["provenance"]}
+
+
+def _overhead_arg(text: str) -> Path | None:
+    return None if text == "none" else Path(text)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--real", type=Path, default=Path("validation/real"),
                    help="folder of published-run case files (*.yaml)")
     p.add_argument("--out", type=Path, default=Path("results/validation"),
                    help="folder for validation.csv, validation.json, figures/ and runs/")
+    p.add_argument("--client-overhead", type=_overhead_arg, default=OVERHEAD_FILE, metavar="FILE",
+                   help="the API server's measured time outside the engine (default: the committed "
+                        f"{OVERHEAD_FILE.name}); 'none': the engine alone")
     p.add_argument("--json", action="store_true", help="print validation.json instead of the table")
     p.add_argument("--no-progress", action="store_true", help="no per-case progress lines on stderr")
 
 
 def main(args: argparse.Namespace) -> int:
-    report = validate_all(args.real, args.out, progress=not args.no_progress)
+    report = validate_all(args.real, args.out, progress=not args.no_progress, overhead_file=args.client_overhead)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

@@ -14,6 +14,8 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from core.config import ConfigError, RunConfig, read_yaml, validate
+from sim.validate_client import client_overhead
+from workloads.guidellm import CHAT_TEMPLATE_TOKENS
 
 # Published metric names (GPUStack's "Serving Benchmark Result" lines) -> guidellm_metrics' names
 # of the same quantity in a simulated run. GPUStack's "TPOT (excl. 1st token)" is guidellm's
@@ -83,12 +85,22 @@ class Case(_Strict):
     def expressible(self) -> bool:
         return self.not_expressible is None
 
-    def run_config(self, source: str) -> RunConfig:
-        """The RunConfig that reproduces this case's server, client and data."""
+    @property
+    def mean_prompt_tokens(self) -> float:
+        """Prompt tokens per request as the server counts them (the published total where there is one)."""
+        if isinstance(self.dataset, RandomData):
+            return self.dataset.prompt_tokens + CHAT_TEMPLATE_TOKENS
+        total = self.reported.get("total_input_tokens")
+        return total / self.client.requests if total else 0.0  # 0: the smallest measured size
+
+    def run_config(self, source: str, overhead: dict[str, Any] | None = None) -> RunConfig:
+        """The RunConfig that reproduces this case's server, client and data; `overhead`
+        (sim.validate_client.load_overhead) charges the API server's time outside the engine."""
         data: dict[str, Any] = {
             "model": self.model, "hardware": self.hardware, "num_requests": self.client.requests,
             "client": {"request_rate": self.client.rate, "arrival_process": "constant",
-                       "max_concurrency": self.client.max_concurrency},
+                       "max_concurrency": self.client.max_concurrency,
+                       **(client_overhead(self.mean_prompt_tokens, overhead) if overhead else {})},
         }
         if self.num_speculative_tokens is not None:
             data["num_speculative_tokens"] = self.num_speculative_tokens
