@@ -299,8 +299,11 @@ def _replay(args: argparse.Namespace) -> int:
             fit = fit_host(evaluate, fit_rows, args.summarize / "replay_steps.csv")
             atomic_write_text(args.summarize / HOST_FIT, json.dumps(fit, indent=2) + "\n")
         R.reprice(rows, runs, args.gpu, print)
-        R.write_outputs(args.summarize, rows)
-        print(json.dumps(R.summarize(rows), indent=2))
+        from calibrate.host_speed import tables_probe_from
+
+        ref = tables_probe_from(args.summarize)
+        R.write_outputs(args.summarize, rows, ref)
+        print(json.dumps(R.summarize(rows, tables_probe_us=ref), indent=2))
         return 0
     from sim.step_trace import StepTraceError
 
