@@ -23,6 +23,8 @@ def test_nearest_entry_wins_and_ties_take_the_smaller():
 def test_table_round_trip_and_lookup_from_a_directory(tmp_path):
     table = {1: MC.MoEConfig(False, 16, 32, 64, 4, 4, 1), 512: MC.MoEConfig(True, 32, 64, 128, 8, 3, 1, 128)}
     name = MC.file_name(7, 24, "Test GPU")
+    MC.write_table(tmp_path / "new" / name, table)
+    assert (tmp_path / "new" / name).is_file()
     MC.write_table(tmp_path / name, table)
     assert not list(tmp_path.glob("*.tmp"))
     assert MC.parse_table((tmp_path / name).read_text(), name) == table

@@ -66,6 +66,7 @@ def parse_table(text: str, where: str) -> dict[int, MoEConfig]:
 def write_table(path: Path, table: dict[int, MoEConfig]) -> None:
     """Atomically: a half-written table would be read by the next call."""
     body = {str(t): asdict(c) for t, c in sorted(table.items())}
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(body, indent=2) + "\n")
     os.replace(tmp, path)
