@@ -30,6 +30,7 @@ from calibrate.host import HostProbe
 from calibrate.kernels import fp8_gemm as G
 from calibrate.kernels import fused_moe as FM
 from calibrate.kernels import fused_moe_fp8 as M
+from calibrate.kernels import paged_attention as PA
 from calibrate.provenance import environment
 from calibrate.timing import copies_for, copy_bandwidth_gbs, matmul_tflops, time_calls
 from core.config import load_model
@@ -199,6 +200,36 @@ def bench_moe(b: Bench, model, bw: float, tf: float) -> None:
               f"bf16 {b.rows[-1]['us']} us ({b.rows[-1]['pct_copy']}% copy)")
 
 
+ATTN_CASES = ((1, 64, 4096), (4, 64, 4096), (1, 256, 2048), (4, 256, 2048))  # (queries per request, requests, ctx)
+
+
+def bench_attention(b: Bench, model, bw: float, tf: float) -> None:
+    """Paged decode/verify attention over a bf16 and an fp8 KV cache (--kv-cache-dtype fp8), at the
+    attention block sizes vLLM picks for each at max_model_len 32,768 (1,072 and 2,144 tokens)."""
+    a = model.attention
+    hq, hkv, d = a.num_q_heads, a.num_kv_heads, a.head_dim
+    for p, B, ctx in ATTN_CASES:
+        for dtype, block in ((torch.bfloat16, 1072), (G.FP8, 2144)):
+            if b.left() < 0:
+                b.notes.append(f"budget spent before attention {p}x{B}@{ctx}")
+                return
+            per = -(-(ctx + p) // block)
+            nb = B * per
+            kc = torch.randn(nb, block, hkv, d, device=b.dev).to(dtype)
+            vc = torch.randn(nb, block, hkv, d, device=b.dev).to(dtype)
+            tables = torch.randperm(nb, device=b.dev, dtype=torch.int64).to(torch.int32).view(B, per)
+            seq = torch.full((B,), ctx + p, dtype=torch.int32, device=b.dev)
+            cu = torch.arange(0, B * p + 1, p, dtype=torch.int32, device=b.dev)
+            q = torch.randn(B * p, hq, d, device=b.dev).bfloat16()
+            el = 1 if dtype == G.FP8 else 2
+            nbytes = B * (ctx + p) * 2 * hkv * d * el + 2 * q.numel() * 2
+            t = time_calls([lambda: PA.paged_attention(q, kc, vc, tables, seq, cu, p, d ** -0.5)], "graph", b.dev,
+                           budget_s=0.02, min_reps=5, max_reps=15)
+            b.row(f"paged_attention_{'fp8' if el == 1 else 'bf16'}_kv", f"attn_B{B}_P{p}", hq, d, ctx, t, nbytes,
+                  4 * B * p * hq * (ctx + p) * d, bw, tf)
+        b.log(f"attention P={p} B={B} ctx={ctx}: bf16 {b.rows[-2]['us']} us, fp8 KV {b.rows[-1]['us']} us")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m calibrate.fp8_bench", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3.5-35b-a3b-fp8")
@@ -212,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     b.log(f"copy {bw:.0f} GB/s, bf16 matmul {tf:.0f} TFLOP/s, host probe {b.probes['start_us']} us")
     with_torch = check_torch_block_mm(b)
     b.log(f"torch block-wise scaled_mm: {'checked' if with_torch else b.notes[-1]}")
-    for part in (lambda: bench_moe(b, model, bw, tf), lambda: bench_dense(b, model, bw, tf, with_torch)):
+    for part in (lambda: bench_moe(b, model, bw, tf), lambda: bench_attention(b, model, bw, tf),
+                 lambda: bench_dense(b, model, bw, tf, with_torch)):
         try:
             part()
         except Exception as e:  # noqa: BLE001 - recorded; the other part and the rows so far are still written

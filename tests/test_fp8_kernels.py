@@ -107,3 +107,35 @@ def test_fused_moe_fp8_kernel_matches_reference(T):
     ref = M.fused_moe_fp8_ref(top_k=8, **t)
     rel = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
     assert rel < 2e-2, rel
+
+
+@pytest.mark.parametrize("q_lens,ctxs,splits", [([1, 1, 1], [5, 40, 17], None), ([1, 3, 4], [5, 40, 17], 3)])
+def test_paged_attention_reads_an_fp8_cache_with_its_scales(q_lens, ctxs, splits):
+    from calibrate.kernels import paged_attention as PA
+    from calibrate.kernels.inputs import paged_inputs
+    from calibrate.kernels.naive import paged_attention_ref
+    x = paged_inputs(q_lens, ctxs, 7, 2, 4, 32, seed=3)
+    k_scale, v_scale = 0.5, 2.0
+    x["k_cache"] = (x["k_cache"].float() / k_scale).to(G.FP8)  # what vLLM writes: value / scale in fp8
+    x["v_cache"] = (x["v_cache"].float() / v_scale).to(G.FP8)
+    out = PA.paged_attention(**x, config=PA.AttnConfig(16, 16, num_splits=splits), k_scale=k_scale, v_scale=v_scale)
+    ref = paged_attention_ref(**x, k_scale=k_scale, v_scale=v_scale)
+    rel = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+    assert rel < 2e-2, rel
+    # and the scales matter: without them the result is another one
+    plain = paged_attention_ref(**x)
+    assert ((plain.double() - ref.double()).norm() / ref.double().norm()).item() > 0.1
+
+
+@gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+def test_paged_attention_fp8_cache_on_the_gpu():
+    from calibrate.kernels import paged_attention as PA
+    from calibrate.kernels.inputs import paged_inputs
+    from calibrate.kernels.naive import paged_attention_ref
+    x = {k: v.cuda() if isinstance(v, torch.Tensor) else v
+         for k, v in paged_inputs([1, 4, 1], [700, 40, 3000], 64, 2, 8, 256, seed=5).items()}
+    x["k_cache"], x["v_cache"] = x["k_cache"].to(G.FP8), (x["v_cache"].float() / 2).to(G.FP8)
+    out = PA.paged_attention(**x, v_scale=2.0)
+    ref = paged_attention_ref(**x, v_scale=2.0)
+    assert ((out.double() - ref.double()).norm() / ref.double().norm()).item() < 2e-2

@@ -23,7 +23,7 @@ def reshape_and_cache_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tenso
 
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, max_seqlen_q: int, scale: float,
-                        out: torch.Tensor | None = None) -> torch.Tensor:
+                        out: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """Causal GQA attention of each request's queries over its paged context.
 
     q [total_q, q_heads, D]; request b owns q rows cu_seqlens_q[b]..cu_seqlens_q[b+1] and
@@ -40,8 +40,8 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
             continue
         pos = torch.arange(n_keys, device=q.device)
         slots = block_tables[b].long()[pos // block_size] * block_size + pos % block_size
-        k = k_cache.view(-1, *k_cache.shape[2:])[slots].to(F64).repeat_interleave(group, 1)  # [L, Hq, D]
-        v = v_cache.view(-1, *v_cache.shape[2:])[slots].to(F64).repeat_interleave(group, 1)
+        k = k_cache.view(-1, *k_cache.shape[2:])[slots].to(F64).repeat_interleave(group, 1) * k_scale  # [L, Hq, D]
+        v = v_cache.view(-1, *v_cache.shape[2:])[slots].to(F64).repeat_interleave(group, 1) * v_scale
         s = torch.einsum("qhd,khd->hqk", q[q0:q1].to(F64), k) * scale
         q_pos = n_keys - (q1 - q0) + torch.arange(q1 - q0, device=q.device)
         s = s.masked_fill(pos[None, :] > q_pos[:, None], float("-inf"))

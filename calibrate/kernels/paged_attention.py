@@ -91,8 +91,8 @@ def _find_request(cu_q, pid, B, BLOCK_Q: tl.constexpr):
 
 # Batch sizes and split counts vary call to call: one compiled variant for all of them.
 @triton.jit(do_not_specialize=["B", "num_splits"])
-def _attn_kernel(q, k_cache, v_cache, out, part_o, part_ml, block_tables, seq_lens, cu_q, qk_scale_log2, B, block_size,
-                 num_splits, stride_qt, stride_qh, stride_ot, stride_oh, stride_ct, stride_ch, stride_bt,
+def _attn_kernel(q, k_cache, v_cache, out, part_o, part_ml, block_tables, seq_lens, cu_q, qk_scale_log2, v_scale, B,
+                 block_size, num_splits, stride_qt, stride_qh, stride_ot, stride_oh, stride_ct, stride_ch, stride_bt,
                  GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP
@@ -132,8 +132,9 @@ def _attn_kernel(q, k_cache, v_cache, out, part_o, part_ml, block_tables, seq_le
         m_n = o_n < kv_end
         blk = tl.load(p_table + o_n // block_size, mask=m_n, other=0).to(tl.int64)
         row = (blk * block_size + o_n % block_size) * stride_ct + kvh * stride_ch
-        b_k = tl.load(k_cache + row[:, None] + o_d[None, :], mask=m_n[:, None] & m_d[None, :], other=0.0)
-        b_v = tl.load(v_cache + row[:, None] + o_d[None, :], mask=m_n[:, None] & m_d[None, :], other=0.0)
+        # An fp8 cache (--kv-cache-dtype fp8) is widened to the queries' dtype; its scales are applied outside.
+        b_k = tl.load(k_cache + row[:, None] + o_d[None, :], mask=m_n[:, None] & m_d[None, :], other=0.0).to(b_q.dtype)
+        b_v = tl.load(v_cache + row[:, None] + o_d[None, :], mask=m_n[:, None] & m_d[None, :], other=0.0).to(b_q.dtype)
         b_s = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), INTERPRET) * qk_scale_log2
         b_s = tl.where(m_n[None, :] & (o_n[None, :] <= q_pos[:, None]), b_s, float("-inf"))
         m_new = tl.maximum(b_m, tl.max(b_s, 1))
@@ -147,6 +148,7 @@ def _attn_kernel(q, k_cache, v_cache, out, part_o, part_ml, block_tables, seq_le
 
     o_row = q0 + tok
     m_out = m_m[:, None] & m_d[None, :]
+    b_acc *= v_scale  # linear in V: the split partials may carry it into the merge
     if not SPLIT:
         b_o = b_acc / b_l[:, None]
         tl.store(out + o_row[:, None] * stride_ot + head[:, None] * stride_oh + o_d[None, :],
@@ -193,11 +195,14 @@ def _splits(cfg: AttnConfig, programs: int, max_context: int, device: torch.devi
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                     seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, max_seqlen_q: int, scale: float,
-                    out: torch.Tensor | None = None, config: AttnConfig | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, config: AttnConfig | None = None,
+                    k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """q [total_q, q_heads, D] (GQA: q_heads % kv_heads == 0); caches [num_blocks, block_size, kv_heads, D];
     block_tables int32 [B, max_blocks]; seq_lens int32 [B] keys per request, this step's included
     (already cached); cu_seqlens_q int32 [B + 1]. Query i of request b sits at position
-    seq_lens[b] - q_len_b + i and sees keys 0..that position. Returns [total_q, q_heads, D]."""
+    seq_lens[b] - q_len_b + i and sees keys 0..that position. Returns [total_q, q_heads, D].
+    The caches may be float8_e4m3fn (vLLM's --kv-cache-dtype fp8): keys and values are then the
+    cached values times k_scale, v_scale (vLLM's per-layer scales, 1.0 unless calibrated)."""
     total_q, hq, d = q.shape
     _, block_size, hkv, dk = k_cache.shape
     B = seq_lens.shape[0]
@@ -228,7 +233,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     else:
         part_o = part_ml = out  # unused
     _attn_kernel[(programs, hkv, splits)](
-        q, k_cache, v_cache, out, part_o, part_ml, block_tables, seq_lens, cu_seqlens_q, scale * LOG2E, B, block_size,
+        q, k_cache, v_cache, out, part_o, part_ml, block_tables, seq_lens, cu_seqlens_q, scale * LOG2E * k_scale, v_scale, B, block_size,
         splits, q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         GROUP=group, D=d, BLOCK_D=block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPLIT=splits > 1,
