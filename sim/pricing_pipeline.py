@@ -78,8 +78,10 @@ class PipelinePricing:
         """The step's pipeline arguments (calibrate.host_fit re-runs the pipeline with other host scales)."""
         # The attention cores depend on the contexts; everything else on the batch shape,
         # so that part (terms and the op list) is built once per distinct shape.
-        key = (b.graph_mode, b.num_tokens, b.padded_tokens, b.num_seqs, b.decode_seqs, b.spec_seqs,
-               b.verify_positions, b.truncated, b.prefill_tokens, tuple(t for t, _ in b.chunks), b.replay_tokens,
+        # (The token count follows from the prefill tokens and the decode counts in the key.)
+        chunks = b.chunks
+        key = (b.graph_mode, b.padded_tokens, b.num_seqs, b.decode_seqs, b.spec_seqs, b.verify_positions,
+               b.truncated, b.prefill_tokens, tuple([t for t, _ in chunks]) if chunks else (), b.replay_tokens,
                b.flush_seqs, b.draft_depth)
         built = self._shapes.get(key)
         if built is None:
@@ -87,11 +89,13 @@ class PipelinePricing:
             if len(self._shapes) < STEP_MEMO:
                 self._shapes[key] = built
         # Core 0: the target's (and the first drafter pass's) attention core; then one per later pass.
-        cores = [self._attention_core_us(b, b.decode_seqs, b.decode_tokens, b.chunks)]
-        if built.later_pass_widths:
-            # A chain's later passes are alike (width 1): each distinct width's core is priced once.
-            by_width = {w: self._attention_core_us(b, b.num_seqs, b.num_seqs * w, ()) for w in set(built.later_pass_widths)}
-            cores += [by_width[w] for w in built.later_pass_widths]
+        cores = [self._attention_core_us(b, b.decode_seqs, b.decode_tokens, chunks)]
+        widths = built.later_pass_widths
+        if widths:
+            # A chain's later passes are alike (width 1): their core is priced once.
+            w0 = widths[0]
+            first = self._attention_core_us(b, b.num_seqs, b.num_seqs * w0, ())
+            cores += [first if w == w0 else self._attention_core_us(b, b.num_seqs, b.num_seqs * w, ()) for w in widths]
         us = dict(built.terms_us)
         us["attention"] += self._attn_layers * cores[0]
         if b.draft_depth:
