@@ -55,10 +55,9 @@ def dense_shapes(model) -> dict[str, tuple[int, int]]:
 
 
 def _outer_major(a_s: torch.Tensor) -> torch.Tensor:
-    """[M, K/128] scales stored outer-dim-major with the leading dimension padded to 4, as
-    torch's BlockWise1x128 asks."""
+    """[M, K/128] scales stored outer-dim-major (strides (1, M)), as torch's BlockWise1x128 asks."""
     m, kg = a_s.shape
-    buf = torch.zeros(kg, -(-m // 4) * 4, dtype=a_s.dtype, device=a_s.device)
+    buf = torch.zeros(kg, m, dtype=a_s.dtype, device=a_s.device)
     buf[:, :m] = a_s.t()
     return buf.t()[:m]
 
