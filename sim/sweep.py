@@ -47,10 +47,15 @@ def point_key(cfg: RunConfig, version: str) -> str:
 
 
 def git_describe() -> str:
-    """The commit the sweep ran from, with '+dirty' for uncommitted edits; '' outside git."""
+    """The commit the sweep ran from, with '+dirty' for uncommitted edits; '' outside git.
+
+    Edits under docs/ and to README.md do not count: they are what `make docs` writes while it
+    runs its sweeps, not inputs of the simulator."""
     try:
         rev = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)docs", ":(exclude)README.md"],
+                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return ""
     if rev.returncode:

@@ -312,3 +312,23 @@ def test_changed_workload_data_changes_the_keys(tmp_path):
     trace.write_text("\n".join(lines[:-3]) + "\n")  # fewer rows: other requests are drawn
     again = sweep.run_sweep(points, tmp_path / "out", jobs=1, simulate=fake_simulate, progress=False)
     assert again.ran == 2 and {r["data_version"] for r in again.records}.isdisjoint({r["data_version"] for r in first.records})
+
+
+def test_git_describe_counts_source_edits_not_generated_docs(tmp_path, monkeypatch):
+    """make docs rewrites docs/ and README.md while its sweeps run: those edits must not mark the sweeps dirty."""
+    import sim.sweep as sweep_mod
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(git + ["init", "-q", str(tmp_path)], check=True)
+    for name in ("docs/a.md", "README.md", "sim.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("v1\n")
+    subprocess.run(git + ["add", "."], cwd=tmp_path, check=True)
+    subprocess.run(git + ["commit", "-q", "-m", "c"], cwd=tmp_path, check=True)
+    monkeypatch.setattr(sweep_mod, "REPO_ROOT", tmp_path)
+    clean = sweep_mod.git_describe()
+    assert clean and not clean.endswith("+dirty")
+    (tmp_path / "docs/a.md").write_text("v2\n")
+    (tmp_path / "README.md").write_text("v2\n")
+    assert sweep_mod.git_describe() == clean
+    (tmp_path / "sim.py").write_text("v2\n")
+    assert sweep_mod.git_describe() == clean + "+dirty"
