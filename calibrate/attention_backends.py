@@ -25,16 +25,28 @@ def load_fa4() -> Callable[..., object] | None:
     return flash_attn_varlen_func
 
 
+def fa4_num_splits(requested: int, capability: tuple[int, int] | None) -> int:
+    """The split count to pass flash-attn-4. Below 1 asks its heuristic to split the keys of small
+    batches (flash-decoding), but in flash-attn-4 4.0.0b36 the SM90 forward asserts "SplitKV not
+    supported on SM 9.0" (flash_attn/cute/interface.py, `_flash_attn_fwd`) whenever the heuristic
+    picks more than one: on compute capability 9.x it runs unsplit."""
+    if requested < 1 and capability is not None and capability[0] == 9:
+        return 1
+    return requested
+
+
 def fa4_paged(fa: Callable[..., object], q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
               block_tables: torch.Tensor, seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, max_seqlen_q: int,
               scale: float, num_splits: int = 0) -> Callable[[], object]:
     """Every request's queries (q [tokens, Hq, D], packed by cu_seqlens_q) over its pages of the
     [blocks, block, Hkv, D] cache, causal with the queries at the end of each sequence (as vLLM).
-    num_splits < 1 lets FlashAttention's heuristic split the keys of small batches (flash-decoding);
-    with 1 split a one-request decode ran on one SM's worth of programs (97 us against our 22)."""
+    num_splits as `fa4_num_splits` resolves it; with 1 split a one-request decode ran on one SM's
+    worth of programs (97 us against our 22)."""
+    capability = torch.cuda.get_device_capability(q.device) if q.is_cuda else None
+    splits = fa4_num_splits(num_splits, capability)
     return lambda: fa(q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                       seqused_k=seq_lens, page_table=block_tables, softmax_scale=scale, causal=True,
-                      num_splits=num_splits)
+                      num_splits=splits)
 
 
 def fa4_dense(fa: Callable[..., object], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from calibrate import attention_backends as AB
 from calibrate import measure as M
 from calibrate.layers import PagedBatch
 from calibrate.run import load_attention
@@ -27,7 +28,14 @@ def test_core_call_passes_the_paged_pool_to_fa4():
     assert seen["k"] is kv.k_cache and seen["v"] is kv.v_cache and seen["page_table"] is kv.block_tables
     assert seen["seqused_k"] is kv.seq_lens and seen["cu_seqlens_q"] is kv.cu_seqlens_q
     assert seen["max_seqlen_q"] == 3 and seen["causal"] and seen["softmax_scale"] == 8 ** -0.5
-    assert seen["num_splits"] == 0  # FlashAttention's own split heuristic, as for small decode batches
+    assert seen["num_splits"] == 0  # no CUDA device: FlashAttention's own split heuristic, as asked
+
+
+def test_fa4_split_heuristic_is_off_on_sm90_only():
+    """flash-attn-4 4.0.0b36's SM90 forward refuses split-KV: the heuristic's request becomes one split there."""
+    assert AB.fa4_num_splits(0, (9, 0)) == 1
+    assert AB.fa4_num_splits(0, (10, 0)) == 0 and AB.fa4_num_splits(0, None) == 0
+    assert AB.fa4_num_splits(2, (10, 0)) == 2 and AB.fa4_num_splits(1, (9, 0)) == 1
 
 
 def test_backend_choice():
