@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--quick", action="store_true", help="the smoke grid (--grid quick)")
     m.add_argument("--grid", default=None, choices=tuple(GRIDS),
                    help="shapes to time: full (1.5x steps), coarse (2x steps, about half the time) or quick (a smoke run)")
-    m.add_argument("--part", type=int, default=None, help="measure one part of the jobs (1, 2 or 3), to split device calls")
+    m.add_argument("--part", type=int, default=None, help="measure one part of the jobs (1, 2 or 3), to split GPU runs")
     m.add_argument("--jobs", default=None, help="comma-separated jobs instead of --part")
     m.add_argument("--out", type=Path, default=None, help="output root (default: the GPU's calibration_dir)")
     m.add_argument("--device", default="cuda")
@@ -175,7 +175,7 @@ def _merge(args: argparse.Namespace) -> int:
                                                      "profile_peak.json", "kernels_provenance.json"):
                 shutil.copy2(f, target / f.name)
         for part in new.get("parts", []):
-            if args.device_time_s:  # the whole device call's time (machine start included), shared by its models
+            if args.device_time_s:  # the whole GPU run's time (machine start included), shared by its models
                 part["device_time_s"] = args.device_time_s
             if kept:  # rows of modes this run did not measure stay, from the earlier parts
                 part["kept_rows_from_earlier_parts"] = kept

@@ -29,7 +29,7 @@ PREFILL_CHUNK_EAGER_QUICK = (128, 16384)
 PREFILL_CTX_FULL = (0, 1024, 4096, 16384, 32768)
 PREFILL_CTX_QUICK = (0, 32768)
 # --grid coarse: every axis in 2x steps (about half the full grid's shapes), for a model measured
-# within a short device call; interpolation is log-log along these axes, so 2x steps cost accuracy
+# within a short GPU run; interpolation is log-log along these axes, so 2x steps cost accuracy
 # only where a curve bends between them (calibrate validate's held-out check says how much).
 TOKENS_COARSE = tuple(1 << i for i in range(15))  # 1 .. 16384
 DECODE_P_COARSE = (1, 2, 4, 16, 64)  # 1: no speculation and the drafter's passes; 4: a chain of 3
@@ -39,7 +39,7 @@ STEP_SHAPES_QUICK = ((4, 4, 1024),)
 STEP_SHAPES_COARSE = ((1, 4, 4096), (64, 4, 4096), (128, 4, 1024))
 ACTIVATION_TOKENS = (2048, 4096, 8192, 16384)  # max_num_batched_tokens values to profile
 
-# --part N: each part fits one device call of a few minutes per model.
+# --part N: each part fits one GPU run of a few minutes per model.
 PARTS: dict[int, tuple[str, ...]] = {
     1: ("gdn", "attn_proj", "moe", "mlp", "lm_head", "mtp_fc"),
     2: ("attn_decode", "attn_prefill"),

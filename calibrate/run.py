@@ -3,7 +3,7 @@
 Writes `<out>/<model>/<table>.csv`, `memory.json`, `step_check.csv`, the model's policy kernels
 (`kernels.csv`, the kernel bench at its shard shapes) and appends this
 run to `<out>/<model>/provenance.json`. A job that fails is logged and skipped, so
-one bad table does not cost the whole device call; the exit status says so.
+one bad table does not cost the whole GPU run; the exit status says so.
 """
 from __future__ import annotations
 

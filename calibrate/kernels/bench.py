@@ -104,7 +104,7 @@ class Bench:
         """Run one case; a failure is logged and recorded, never fatal."""
         try:
             return fn()
-        except Exception as e:  # one bad case must not cost the device call
+        except Exception as e:  # one bad case must not cost the GPU run
             self.errors.append(f"{what}: {type(e).__name__}: {e}")
             self.log(f"FAILED {what}: {traceback.format_exc()}")
             return None

@@ -12,7 +12,7 @@ from policies.kernels.inputs import chain, full
 
 
 # GDN_BENCH_REHEARSAL=1 on a machine without a GPU (with TRITON_INTERPRET=1): the same command
-# end to end at toy sizes on the CPU (wall-clock timings, no graphs), so a device call cannot
+# end to end at toy sizes on the CPU (wall-clock timings, no graphs), so a GPU run cannot
 # fail on a typo. Its numbers mean nothing.
 REHEARSAL = os.environ.get("GDN_BENCH_REHEARSAL") == "1" and not torch.cuda.is_available()
 DEVICE = "cpu" if REHEARSAL else "cuda"

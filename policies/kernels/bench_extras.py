@@ -141,7 +141,7 @@ def environment(args: argparse.Namespace) -> dict:
 
 
 def summary(out: Path, stem: str) -> str:
-    """The short table printed last (a device call returns only the end of its output): per
+    """The short table printed last (a GPU run returns only the end of its output): per
     variant case the fastest tuning against the default, then the main table's graph rows."""
     lines = []
     vpath = out / "variants.csv"
