@@ -255,8 +255,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from calibrate import replay as R
     from calibrate.graphs import MODES
+    from calibrate.replay_summary import SUMMARY_KINDS
 
     if args.mode not in MODES:
         raise ConfigError(f"--mode must be one of {', '.join(MODES)}; got {args.mode!r}")
@@ -268,9 +268,9 @@ def _replay(args: argparse.Namespace) -> int:
     if not args.steps and not args.smoke:
         raise ConfigError("--steps RUN/steps.csv is required (or --smoke)")
     step_kinds = [k.strip() for k in args.step_kinds.split(",") if k.strip()] or None
-    bad = [k for k in step_kinds or [] if k not in R.SUMMARY_KINDS[:-1]]
+    bad = [k for k in step_kinds or [] if k not in SUMMARY_KINDS[:-1]]
     if bad:
-        raise ConfigError(f"--step-kinds: unknown {bad}; valid: {', '.join(R.SUMMARY_KINDS[:-1])}")
+        raise ConfigError(f"--step-kinds: unknown {bad}; valid: {', '.join(SUMMARY_KINDS[:-1])}")
     if args.fit_host and not args.summarize:
         raise ConfigError("--fit-host needs --summarize DIR (it fits DIR/host_fit.json to DIR/replay_steps.csv)")
     if args.resume and not (args.resume / "replay_steps.csv").is_file():
@@ -280,31 +280,35 @@ def _replay(args: argparse.Namespace) -> int:
         load_model(args.model)
     load_policy(args.policy)
     if args.summarize:
+        from calibrate.replay_outputs import read_replay_rows, write_outputs
+        from calibrate.replay_runs import load_run, reprice
+        from calibrate.replay_summary import fastest_passes, summarize
         from sim.step_trace import StepTraceError
 
         try:
-            runs = {(run := R.load_run(p)).name: run for p in args.steps}
+            runs = {(run := load_run(p)).name: run for p in args.steps}
         except StepTraceError as e:
             raise ConfigError(str(e)) from None
-        rows = R.read_replay_rows(args.summarize / "replay_steps.csv")
+        rows = read_replay_rows(args.summarize / "replay_steps.csv")
         if args.fit_host:
             from calibrate.host_fit import fit_host, prepare_steps, step_evaluator
             from sim.host_model import HOST_FIT
 
-            fit_rows = R.fastest_passes(rows)  # as the summary scores them
+            fit_rows = fastest_passes(rows)  # as the summary scores them
             try:
                 evaluate = step_evaluator(prepare_steps(fit_rows, runs, args.gpu))
             except ValueError as e:
                 raise ConfigError(f"--fit-host: {e}") from None
             fit = fit_host(evaluate, fit_rows, args.summarize / "replay_steps.csv")
             atomic_write_text(args.summarize / HOST_FIT, json.dumps(fit, indent=2) + "\n")
-        R.reprice(rows, runs, args.gpu, print)
+        reprice(rows, runs, args.gpu, print)
         from calibrate.host_speed import tables_probe_from
 
         ref = tables_probe_from(args.summarize)
-        R.write_outputs(args.summarize, rows, ref)
-        print(json.dumps(R.summarize(rows, tables_probe_us=ref), indent=2))
+        write_outputs(args.summarize, rows, ref)
+        print(json.dumps(summarize(rows, tables_probe_us=ref), indent=2))
         return 0
+    from calibrate.replay import replay
     from sim.step_trace import StepTraceError
 
     host_policies = [p for p in args.host_policies.split(",") if p] if args.host_policies else None
@@ -318,13 +322,13 @@ def _replay(args: argparse.Namespace) -> int:
     if args.host_only and args.device == "cpu":
         raise ConfigError("--host-only measures host costs behind a busy GPU: --device must be a CUDA device")
     try:
-        return R.replay(args.steps, args.gpu, args.out or _calib_root(args.gpu), smoke=args.smoke,
-                        max_steps=args.max_steps, time_budget_s=args.time_budget_s, reps=args.reps,
-                        warmup=args.warmup, mode=args.mode, kv_pool_gb=args.kv_pool_gb, host=not args.no_host,
-                        model_name=args.model, policy_name=args.policy, device=args.device, resume=args.resume,
-                        host_only=args.host_only, host_policies=host_policies, pin_cpu=args.pin_cpu,
-                        passes=args.passes, step_kinds=step_kinds, commit=args.git_commit or provenance.git_commit(),
-                        log=functools.partial(print, flush=True))
+        return replay(args.steps, args.gpu, args.out or _calib_root(args.gpu), smoke=args.smoke,
+                      max_steps=args.max_steps, time_budget_s=args.time_budget_s, reps=args.reps,
+                      warmup=args.warmup, mode=args.mode, kv_pool_gb=args.kv_pool_gb, host=not args.no_host,
+                      model_name=args.model, policy_name=args.policy, device=args.device, resume=args.resume,
+                      host_only=args.host_only, host_policies=host_policies, pin_cpu=args.pin_cpu,
+                      passes=args.passes, step_kinds=step_kinds, commit=args.git_commit or provenance.git_commit(),
+                      log=functools.partial(print, flush=True))
     except StepTraceError as e:
         raise ConfigError(str(e)) from None
 

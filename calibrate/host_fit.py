@@ -14,7 +14,7 @@ Each evaluation re-runs only the pipeline (sim.host_model.pipeline) over each st
 priced once at unit scales with every host cost tagged by its op (`prepare_steps`), not a
 re-pricing per trial: a fit of 1,643 rows takes about two minutes.
 
-Only the replay's nominal rows are fitted (calibrate.replay.nominal_rows: measured while the
+Only the replay's nominal rows are fitted (calibrate.replay_summary.nominal_rows: measured while the
 host probe read the fastest regime, as the host tables were); the simulator prices that host.
 It is checked out of sample before it is written: fitted on the gmu 0.6 runs and scored on
 the gmu 0.9 runs, and the other way round (the two halves replay the same traces at c1 and
@@ -42,7 +42,7 @@ FIT_KINDS = ("mixed_graph", "mixed_eager", "prefill_only")
 FITTED = ("prefill", "eager", "core", "graph")  # the step group is measured whole (prepare, finish): kept at 1
 SWEEPS = 8  # at most; stops at the first sweep that moves nothing
 
-Evaluate = Callable[[dict[str, float], Sequence[dict]], dict]  # (scales, rows) -> calibrate.replay.summarize
+Evaluate = Callable[[dict[str, float], Sequence[dict]], dict]  # (scales, rows) -> calibrate.replay_summary.summarize
 
 
 class _Cost(float):
@@ -92,7 +92,7 @@ def prepare_steps(rows: Sequence[dict], runs: dict, hw_name: str) -> list[tuple[
 
 def step_evaluator(prepared: Sequence[tuple[dict, tuple]]) -> Evaluate:
     """evaluate(scales, rows) over prepared rows: the pipeline re-run with the host costs scaled."""
-    from calibrate.replay import summarize
+    from calibrate.replay_summary import summarize
 
     group_of = {op: g for g, ops in HOST_GROUPS.items() for op in ops}
     parts = {id(r): p for r, p in prepared}
@@ -152,9 +152,9 @@ def split(rows: Sequence[dict]) -> tuple[list[dict], list[dict]]:
 
 def fit_host(evaluate: Evaluate, rows: Sequence[dict], source: Path | None = None,
              log: Callable[[str], None] = print) -> dict:
-    """host_fit.json's content: scales fitted on the nominal rows (calibrate.replay.nominal_rows:
+    """host_fit.json's content: scales fitted on the nominal rows (calibrate.replay_summary.nominal_rows:
     those measured at the host speed the tables were), and the two held-out checks."""
-    from calibrate.replay import SUMMARY_KINDS, nominal_rows
+    from calibrate.replay_summary import SUMMARY_KINDS, nominal_rows
 
     rows = nominal_rows(rows)
 

@@ -2,7 +2,7 @@
 import pytest
 
 from calibrate import host_fit as HF
-from calibrate.replay import summarize
+from calibrate.replay_summary import summarize
 from sim.host_model import HOST_GROUPS
 
 TRUE = {"prefill": 0.6, "eager": 1.65}  # made with these: eager off the joint search's coarse grid, above 1.3

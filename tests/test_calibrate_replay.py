@@ -6,7 +6,11 @@ import time
 
 import pytest
 
-from calibrate import host, replay as RP
+from calibrate import host, replay as RP, replay_group as RG, replay_pick as PK, replay_summary as RS
+from calibrate import replay_timing as RT
+from calibrate.replay_check import synthetic_steps
+from calibrate.replay_outputs import read_replay_rows
+from calibrate.replay_runs import Run
 from core.config import EngineConfig, RunConfig
 from core.tables import HOST_COLUMNS, HOST_OPS
 from sim.cli import main
@@ -25,7 +29,7 @@ def _row(kind: str, measured: float, predicted: float, run: str = "a", old: floa
 def test_summary_errors_per_kind_and_sums():
     rows = [_row("uniform_decode", 100, 110), _row("uniform_decode", 100, 95), _row("uniform_decode", 200, 200),
             _row("mixed_eager", 1000, 500, run="b", old=2000)]
-    s = RP.summarize(rows)
+    s = RS.summarize(rows)
     assert s["compared_against"] == "measured_us" and "async" in s["compared_against_note"]
     assert s["uniform_decode"] == {"n": 3, "median_ape": 5.0, "p90_ape": 10.0, "bias": round(100 * 0.05 / 3, 3)}
     assert s["mixed_eager"]["median_ape"] == 50.0 and s["mixed_eager"]["bias"] == -50.0
@@ -38,7 +42,7 @@ def test_summary_errors_per_kind_and_sums():
 def test_summary_errors_per_policy():
     rows = [_row("mixed_graph", 100, 110, run="store_all-g0.6-c32"), _row("mixed_graph", 100, 70, run="replay-g0.6-c32"),
             _row("mixed_graph", 100, 60, run="replay-g0.9-c32")]
-    s = RP.summarize(rows)
+    s = RS.summarize(rows)
     assert set(s["policies"]) == {"replay", "store_all"}
     assert s["policies"]["store_all"]["mixed_graph"]["bias"] == 10.0
     assert s["policies"]["replay"]["mixed_graph"] == {"n": 2, "median_ape": 35.0, "p90_ape": 40.0, "bias": -35.0}
@@ -52,7 +56,7 @@ def test_repeatability_pairs_the_same_step_of_runs_that_differ_only_in_gmu():
             row("store_all-g0.6-c32", 6, 100.0), row("store_all-g0.9-c32", 6, 100.0, tokens=99),  # not the same step
             row("replay-g0.9-c32", 5, 80.0), row("store_all-g0.6-c1", 5, 10.0, "uniform_decode"),
             row("store_all-g0.9-c1", 5, 10.1, "uniform_decode")]
-    rep = RP.summarize(rows)["repeatability"]
+    rep = RS.summarize(rows)["repeatability"]
     assert rep["mixed_graph"] == {"pairs": 1, "median_pct": 40.0, "p90_pct": 40.0}
     assert rep["uniform_decode"]["pairs"] == 1 and rep["uniform_decode"]["median_pct"] == pytest.approx(0.995, abs=1e-3)
 
@@ -67,7 +71,7 @@ def test_host_speed_scores_the_nominal_regime_apart():
     twin = [row("store_all-g0.9-c32", 100 + i, 103.0, 5.2) for i in range(4)]  # steps 100..103 measured twice
     twin += [row("store_all-g0.6-c32", 100 + i, 101.0, 5.0) for i in range(4)]
     unprobed = [{**row("store_all-g0.6-c1", 0, 500.0, 0.0), "host_probe_us": math.nan}]
-    s = RP.summarize(fast + slow + twin + unprobed)
+    s = RS.summarize(fast + slow + twin + unprobed)
     hs = s["host_speed"]
     assert hs["rows_probed"] == 38 and hs["ref_us"] == 5.0 and hs["nominal_rows"] == 28
     assert hs["nominal"]["mixed_graph"]["n"] == 28 and hs["nominal"]["mixed_graph"]["bias"] < -0.9
@@ -75,13 +79,13 @@ def test_host_speed_scores_the_nominal_regime_apart():
     assert hs["nominal_repeatability"]["mixed_graph"]["pairs"] == 4
     assert hs["nominal_runs"]["store_all-g0.9-c32"]["n"] == 4 and hs["nominal_sum"]["n"] == 28
     assert s["mixed_graph"]["n"] == 39  # the pooled kinds keep every row
-    assert RP.nominal_rows(slow) == slow and RP.nominal_rows(unprobed) == unprobed  # one regime; never probed
-    assert RP.summarize(unprobed)["host_speed"] == {"rows_probed": 0}
+    assert RS.nominal_rows(slow) == slow and RS.nominal_rows(unprobed) == unprobed  # one regime; never probed
+    assert RS.summarize(unprobed)["host_speed"] == {"rows_probed": 0}
 
 
 def test_runs_take_turns():
-    assert RP.take_turns({"a": 5, "b": 2, "c": 0}, 2) == [("a", 0, 2), ("b", 0, 2), ("a", 2, 4), ("a", 4, 5)]
-    assert RP.take_turns({"a": 3}, 8) == [("a", 0, 3)] and RP.take_turns({}, 8) == []
+    assert RG.take_turns({"a": 5, "b": 2, "c": 0}, 2) == [("a", 0, 2), ("b", 0, 2), ("a", 2, 4), ("a", 4, 5)]
+    assert RG.take_turns({"a": 3}, 8) == [("a", 0, 3)] and RG.take_turns({}, 8) == []
 
 
 def test_host_tables_keep_each_point_from_its_lowest_pass():
@@ -110,7 +114,7 @@ def test_host_probe_times_one_launch():
 
 
 def test_summary_can_compare_against_another_measurement():
-    s = RP.summarize([_row("uniform_decode", 100, 110)], measured="measured_sync_us")
+    s = RS.summarize([_row("uniform_decode", 100, 110)], measured="measured_sync_us")
     assert s["compared_against"] == "measured_sync_us" and s["uniform_decode"]["median_ape"] == 10900.0
 
 
@@ -131,7 +135,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch) -> Clock:
     c = Clock()
-    monkeypatch.setattr(RP, "time", c)  # the module's `time`: perf_counter and sleep
+    monkeypatch.setattr(RT, "time", c)  # the module's `time`: perf_counter and sleep
     return c
 
 
@@ -166,42 +170,42 @@ class FakeGPU:
 def test_async_timing_is_the_steady_state_period_gpu_time_included(host_s, gpu_s, clock, monkeypatch):
     # A bug once seen: a collection (here 50 ms) between the first launch and the timer let the GPU
     # finish, and the step launched inside the timer was never waited for: ~host time only.
-    monkeypatch.setattr(RP.gc, "collect", lambda *a: clock.sleep(0.05))
+    monkeypatch.setattr(RT.gc, "collect", lambda *a: clock.sleep(0.05))
     ex = FakeGPU(clock, host_s, gpu_s)
-    us = RP.time_step_async(ex, [], False, steps=4)
+    us = RT.time_step_async(ex, [], False, steps=4)
     assert us == pytest.approx(max(host_s, gpu_s) * 1e6, rel=1e-9)  # the steady-state period, exactly
     assert ex.launched == ex.finished == 4 + 1  # every launched step waited for
 
 
 def test_long_steps_get_fewer_pipelined_steps():
-    assert RP.async_steps(10_000) == RP.ASYNC_STEPS and RP.async_steps(50_000) == 3
-    assert RP.async_steps(150_000) == RP.async_steps(1e7) == 2
+    assert RT.async_steps(10_000) == RT.ASYNC_STEPS and RT.async_steps(50_000) == 3
+    assert RT.async_steps(150_000) == RT.async_steps(1e7) == 2
 
 
 def test_the_budget_is_checked_inside_a_step(clock):
     ex = FakeGPU(clock, 0.001, 0.001)
-    with pytest.raises(RP.BudgetSpent):
-        RP.time_step(ex, [], False, reps=3, warmup=1, end=clock.now - 1)
-    with pytest.raises(RP.BudgetSpent):
-        RP.time_step_async(ex, [], False, steps=3, end=clock.now + 0.0025)  # 4 steps need 4 ms
-    ts, _ = RP.time_step(ex, [], False, reps=2, warmup=0, end=clock.now + 10)
+    with pytest.raises(RT.BudgetSpent):
+        RT.time_step(ex, [], False, reps=3, warmup=1, end=clock.now - 1)
+    with pytest.raises(RT.BudgetSpent):
+        RT.time_step_async(ex, [], False, steps=3, end=clock.now + 0.0025)  # 4 steps need 4 ms
+    ts, _ = RT.time_step(ex, [], False, reps=2, warmup=0, end=clock.now + 10)
     assert ts == pytest.approx([2000.0, 2000.0])  # host 1 ms, then the GPU's 1 ms
 
 
 def test_alarm_interrupts_past_the_budget(monkeypatch):
-    monkeypatch.setattr(RP, "ALARM_GRACE_S", 0.0)
-    disarm = RP.arm_alarm(0.05)
+    monkeypatch.setattr(RT, "ALARM_GRACE_S", 0.0)
+    disarm = RT.arm_alarm(0.05)
     try:
         with pytest.raises(KeyboardInterrupt):
             time.sleep(2)
     finally:
         disarm()
-    assert RP.arm_alarm(None)() is None
+    assert RT.arm_alarm(None)() is None
 
 
 def test_freeze_heap_makes_collections_cheap():
     junk = [[i] for i in range(200_000)]  # noqa: F841  (kept alive: the traced steps' stand-in)
-    RP.freeze_heap()
+    RT.freeze_heap()
     try:  # frozen objects are what a collection no longer walks
         assert gc.get_freeze_count() >= len(junk)
     finally:
@@ -209,14 +213,14 @@ def test_freeze_heap_makes_collections_cheap():
 
 
 def test_sample_spreads_over_the_run():
-    assert RP.sample(10, None) == list(range(10))
-    assert RP.sample(10, 4) == [0, 3, 6, 9]
-    assert RP.sample(3, 10) == [0, 1, 2]
+    assert PK.sample(10, None) == list(range(10))
+    assert PK.sample(10, 4) == [0, 3, 6, 9]
+    assert PK.sample(3, 10) == [0, 1, 2]
 
 
 def test_pick_shares_the_quota_among_kinds_and_interleaves_them():
     kinds = ["p"] + ["d"] * 80 + ["m"] * 15 + ["d"] * 100 + ["e"] * 4
-    order = RP.pick(kinds, 40)
+    order = PK.pick(kinds, 40)
     got = [kinds[i] for i in order]
     # equal shares, smallest kind first: p 1, e 4, then m 15 and d the other 20
     assert len(order) == len(set(order)) == 40
@@ -225,18 +229,18 @@ def test_pick_shares_the_quota_among_kinds_and_interleaves_them():
     assert {"d", "m", "e"} <= set(got[:10])
     d = sorted(i for i in order if kinds[i] == "d")
     assert d[0] == 1 and d[-1] == 195  # the decodes span the run
-    assert sorted(RP.pick(kinds, None)) == list(range(len(kinds)))
-    assert RP.pick(["d"] * 5, 3) and sorted(RP.pick(["d"] * 5, 3)) == [0, 2, 4]
+    assert sorted(PK.pick(kinds, None)) == list(range(len(kinds)))
+    assert PK.pick(["d"] * 5, 3) and sorted(PK.pick(["d"] * 5, 3)) == [0, 2, 4]
 
 
 def test_chosen_steps_keep_the_kinds_asked_for_and_skip_resumed_ones():
     kinds = ["prefill_only", "mixed_graph", "uniform_decode", "mixed_eager", "uniform_decode", "mixed_graph"]
-    run = RP.Run("r", {}, [TracedStep(i, 0.0, k, (), 1.0, {}) for i, k in enumerate(kinds)], None, None, None)
-    assert sorted(s.step for s in RP.chosen_steps(run, None, set())) == list(range(6))
-    mixed = RP.chosen_steps(run, None, {("r", 5), ("other", 1)}, ["mixed_graph", "mixed_eager"])
+    run = Run("r", {}, [TracedStep(i, 0.0, k, (), 1.0, {}) for i, k in enumerate(kinds)], None, None, None)
+    assert sorted(s.step for s in PK.chosen_steps(run, None, set())) == list(range(6))
+    mixed = PK.chosen_steps(run, None, {("r", 5), ("other", 1)}, ["mixed_graph", "mixed_eager"])
     assert sorted(s.step for s in mixed) == [1, 3]
     # the quota is shared among the kinds kept, not the run's
-    assert sorted(s.kind for s in RP.chosen_steps(run, 2, set(), ["mixed_graph", "mixed_eager"])) == \
+    assert sorted(s.kind for s in PK.chosen_steps(run, 2, set(), ["mixed_graph", "mixed_eager"])) == \
         ["mixed_eager", "mixed_graph"]
 
 
@@ -245,24 +249,24 @@ def test_a_step_measured_in_several_passes_counts_once_at_its_fastest():
         return {**_row(kind, us, 100.0, run="store_all-g0.6-c32"), "step": step, "pass": p, "host_probe_us": probe}
     rows = [row(1, 110.0, 1), row(1, 100.0, 2, probe=6.5), row(1, 125.0, 3), row(2, 200.0, 1),
             row(3, 50.0, 1, "uniform_decode"), row(3, 50.5, 2, "uniform_decode")]
-    best = {r["step"]: r for r in RP.fastest_passes(rows)}
+    best = {r["step"]: r for r in RS.fastest_passes(rows)}
     assert len(best) == 3 and best[1]["measured_us"] == 100.0 and best[1]["passes"] == 3
     assert best[1]["host_probe_us"] == 6.5  # the fastest pass's own probe
     assert best[1]["pass_spread_pct"] == pytest.approx(25.0) and "passes" not in best[2]
-    s = RP.summarize(rows)
+    s = RS.summarize(rows)
     assert s["mixed_graph"]["n"] == 2 and s["mixed_graph"]["bias"] == pytest.approx(-25.0)  # 0% and -50%
     assert s["sum_measured_s"] == pytest.approx(350e-6) and s["runs"]["store_all-g0.6-c32"]["n"] == 3
     assert s["pass_spread"] == {"mixed_graph": {"steps": 1, "median_pct": 25.0, "p90_pct": 25.0},
                                 "uniform_decode": {"steps": 1, "median_pct": 1.0, "p90_pct": 1.0}}
     assert "fastest" in s["compared_against_note"]
-    assert "fastest" not in RP.summarize(rows[3:5])["compared_against_note"]
+    assert "fastest" not in RS.summarize(rows[3:5])["compared_against_note"]
 
 
 def test_spread_order_covers_the_run_from_any_prefix():
     for n in (1, 2, 7, 100):
-        order = RP.spread_order(n)
+        order = PK.spread_order(n)
         assert sorted(order) == list(range(n))
-    first = RP.spread_order(100)[:4]
+    first = PK.spread_order(100)[:4]
     assert first == [0, 50, 25, 75]  # a budget cut after 4 steps still saw each quarter
 
 
@@ -270,7 +274,7 @@ def test_replay_policy_flushes_when_most_speculating_requests_do():
     def step(*flags):
         return TracedStep(0, 0.0, "uniform_decode", tuple(R(i, 0, 9, CHAIN, 2, 0, f) for i, f in enumerate(flags)),
                           1.0, {})
-    assert RP.flushes(step(True, True, False)) and not RP.flushes(step(True, False, False))
+    assert PK.flushes(step(True, True, False)) and not PK.flushes(step(True, False, False))
 
 
 def test_host_ops_are_the_simulators():
@@ -279,8 +283,8 @@ def test_host_ops_are_the_simulators():
 
 @pytest.mark.slow  # whole replays in the Triton interpreter: minutes
 def test_tiny_replay_writes_steps_summary_and_provenance(tmp_path, monkeypatch):
-    monkeypatch.setattr(RP, "ASYNC_STEPS", 2)  # interpreted Triton on the CPU: seconds a step
-    monkeypatch.setattr(RP, "INTERLEAVE_STEPS", 1)
+    monkeypatch.setattr(RT, "ASYNC_STEPS", 2)  # interpreted Triton on the CPU: seconds a step
+    monkeypatch.setattr(RG, "INTERLEAVE_STEPS", 1)
     run, other = tmp_path / "c1", tmp_path / "c1b"
     run.mkdir()
     other.mkdir()
@@ -301,7 +305,7 @@ def test_tiny_replay_writes_steps_summary_and_provenance(tmp_path, monkeypatch):
     # steps run with vLLM's one torch CPU thread; the caller's setting is back afterwards
     assert threads and set(threads) == {RP.TORCH_THREADS} and torch.get_num_threads() == before
     mdir = tmp_path / "out" / "qwen3.5-35b-a3b"
-    rows = RP.read_replay_rows(mdir / "replay_steps.csv")
+    rows = read_replay_rows(mdir / "replay_steps.csv")
     # the two runs of one executor take turns (INTERLEAVE_STEPS steps each), in each of the passes
     assert [(r["run"], r["step"], r["pass"]) for r in rows] == [("c1", 0, 1), ("c1b", 1, 1), ("c1", 1, 1),
                                                                ("c1", 0, 2), ("c1b", 1, 2), ("c1", 1, 2)]
@@ -311,7 +315,7 @@ def test_tiny_replay_writes_steps_summary_and_provenance(tmp_path, monkeypatch):
     assert all(r["host_probe_us"] > 0 for r in rows)
     assert rows[1]["pred_gdn"] == 40.0 and rows[1]["predicted_us"] == 80.0 and rows[1]["tokens"] == 4
     summary = json.loads((mdir / "replay_summary.json").read_text())
-    assert set(RP.SUMMARY_KINDS) <= set(summary) and summary["runs"]["c1"]["n"] == 2 and summary["runs"]["c1b"]["n"] == 1
+    assert set(RS.SUMMARY_KINDS) <= set(summary) and summary["runs"]["c1"]["n"] == 2 and summary["runs"]["c1b"]["n"] == 1
     part = json.loads((mdir / "provenance.json").read_text())["parts"][-1]
     assert part["job"] == "replay" and part["steps_replayed"] == 6 and part["passes"] == 2
     assert part["kernels"]["replay"]["verify"].endswith("replay")
@@ -319,7 +323,7 @@ def test_tiny_replay_writes_steps_summary_and_provenance(tmp_path, monkeypatch):
     rc = RP.replay(paths, "h200", tmp_path / "again", reps=1, warmup=0, device="cpu", shapes=TINY,
                    kinds=["gdn", "attn"], resume=mdir, log=lambda _: None)
     again = tmp_path / "again" / "qwen3.5-35b-a3b"
-    assert rc == 0 and RP.read_replay_rows(again / "replay_steps.csv") == rows
+    assert rc == 0 and read_replay_rows(again / "replay_steps.csv") == rows
     parts = json.loads((again / "provenance.json").read_text())["parts"]
     assert len(parts) == 2 and parts[0] == part and (parts[1]["steps_replayed"], parts[1]["steps_resumed"]) == (0, 6)
 
@@ -346,8 +350,8 @@ def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
 def test_kv_pool_fits_the_check_batches():
     # A run of single short requests (concurrency 1) once sized a 2-block pool: the check's batches
     # then shared blocks and its eager and graph runs disagreed. The check's own batches count too.
-    run = RP.Run("c1", {}, [TracedStep(0, 0.0, "uniform_decode", (R(1, 0, 40, (1, 1, 1), 2),), 0.0, {})], None, None, None)
-    checks = [reqs for _, reqs in RP.synthetic_steps(4, 3, (8, 16, 512))]
+    run = Run("c1", {}, [TracedStep(0, 0.0, "uniform_decode", (R(1, 0, 40, (1, 1, 1), 2),), 0.0, {})], None, None, None)
+    checks = [reqs for _, reqs in synthetic_steps(4, 3, (8, 16, 512))]
     alone = RP.kv_pool_bytes_for([run], 1072, 1, 3, 1 << 40)
     both = RP.kv_pool_bytes_for([run], 1072, 1, 3, 1 << 40, checks)
     widest = max(1 + sum(-(-(r.context + (r.prefill or 4) + 3) // 1072) for r in reqs) for reqs in checks)
