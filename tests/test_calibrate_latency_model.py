@@ -1,91 +1,16 @@
-"""CalibratedLatencyModel on synthetic tables with known answers: the pipeline pricing (GPU-time
-tables + host model) and the old eager-sum pricing."""
+"""CalibratedLatencyModel on synthetic tables with known answers (tests/latency_tables.py): loading, the
+tables' sources and fallbacks, kernel rows, and the old eager-sum pricing."""
 import csv
 
 import pytest
 
 from core.config import EngineConfig, load_hardware, load_model, load_policy
-from core.tables import COLUMNS, DECODE_CONV_COLUMNS, HOST_COLUMNS, HOST_OPS, SEQS_COLUMNS, STEP_COLUMNS, TABLES, TableError
+from core.tables import TABLES, TableError
+from latency_tables import EAGER, MODEL, decode, known, load, make_tables, write_csv  # pytest puts tests/ on the path
 from policies import make_policy
 from sim.latency import TERMS, StepBatch
 from sim.latency_analytic import AnalyticLatencyModel
 from sim.latency_calibrated import CalibratedLatencyModel
-from sim.dispatch import capture_sizes
-from sim.step_trace import assemble_batch
-
-MODEL = "qwen3.5-35b-a3b"
-AXES = {"tokens": (1, 4, 16, 64, 256, 1024, 4096, 16384), "B": (1, 4, 16, 64, 256, 512), "P": (1, 4, 16, 64),
-        "ctx": (256, 1024, 4096, 32768)}
-PREFILL_CTX = (0, 4096, 32768)
-EAGER = 3.0  # synthetic eager tables cost 3x graph ones
-
-
-def known(table, r):
-    """Synthetic microseconds per call: increasing in every axis."""
-    if table == "attn_decode":
-        return 4.0 + 0.01 * r["B"] * r["P"] + 1e-4 * r["B"] * r["ctx"]
-    if table == "attn_prefill":
-        return 8.0 + 1e-3 * r["tokens"] + 1e-6 * r["tokens"] * r["ctx"]
-    if table == "gdn_prefill_varlen":
-        return 35.0 + 0.01 * r["tokens"] + 2.0 * r["seqs"]
-    return {"gdn": 20.0, "attn_proj": 15.0, "moe": 300.0, "mlp": 280.0, "lm_head": 250.0, "mtp_fc": 6.0,
-            "gdn_prefill": 30.0}[table] + 0.01 * r["tokens"]
-
-
-def write_csv(path, rows, columns):
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns)
-        w.writeheader()
-        w.writerows(rows)
-
-
-def make_tables(root, kernels=True, steps=True, skip=()):
-    mdir = root / MODEL
-    mdir.mkdir(parents=True)
-    for name, spec in TABLES.items():
-        if name in skip:
-            continue
-        if spec.axes == ("tokens", "ctx"):
-            points = [{"tokens": n, "ctx": c} for n in AXES["tokens"] for c in PREFILL_CTX]
-        elif spec.axes == ("B", "P", "ctx"):
-            points = [{"B": b, "P": p, "ctx": c} for b in AXES["B"] for p in AXES["P"] for c in AXES["ctx"]]
-        elif spec.axes == ("tokens", "seqs"):
-            points = [{"tokens": n, "seqs": q} for n in AXES["tokens"] for q in (1, 4, 16)]
-        else:
-            points = [{"tokens": n} for n in AXES["tokens"]]
-        rows = []
-        for mode, k in (("graph", 1.0), ("eager", EAGER)):
-            for pt in points:
-                r = {c: 0 for c in COLUMNS} | {"B": 1, "P": 1, "ctx": 0} | pt
-                r["tokens"] = pt.get("tokens", r["B"] * r["P"])
-                rows.append(r | {"mode": mode, "us": k * known(name, r)})
-        write_csv(mdir / f"{name}.csv", rows, SEQS_COLUMNS if "seqs" in spec.axes else COLUMNS)
-    if kernels:
-        cols = ("model", "policy", "B", "T", "tree", "verify_us", "commit_us", "total_us", "mode")
-        write_csv(root / "kernels.csv", [
-            {"model": MODEL, "policy": "store_all", "B": b, "T": 4, "tree": "(1, 1, 1)", "verify_us": 10 + b,
-             "commit_us": 2 + 0.1 * b, "total_us": 12 + 1.1 * b, "mode": mode}
-            for b in (1, 8, 64, 512) for mode in ("graph", "eager")], cols)
-    if steps:
-        write_csv(mdir / "step_check.csv", [
-            {"mode": m, "B": 8, "P": 4, "ctx": 4096, "kernel": "store_all", "step_us": 1000.0,
-             "host_step_us": 1000.0 + extra, "kernel_us": 5.0, "reps": 10}
-            for m, extra in (("graph", 40.0), ("graph", 60.0), ("eager", 80.0))], STEP_COLUMNS)
-    return root
-
-
-def load(root, hw="h200", policy="store_all", fallback=True, pricing="eager_sum", policy_update=None, **engine):
-    m = load_model(MODEL)
-    h = load_hardware(hw).model_copy(update={"calibration_dir": str(root)})
-    pol = make_policy(m, load_policy(policy).model_copy(update=policy_update or {}))
-    eng = EngineConfig(latency_pricing=pricing, **engine)
-    fb = AnalyticLatencyModel(m, h, pol, eng) if fallback else None
-    return CalibratedLatencyModel.load(m, h, pol, eng, fallback=fb)
-
-
-def decode(b, ctx=4096, eager=False, p=4):
-    return StepBatch(num_seqs=b, prefill_tokens=0, prefill_seqs=0, decode_seqs=b, spec_seqs=b, verify_positions=p,
-                     context_tokens=b * ctx, max_context=ctx, eager=eager, draft_depth=3)
 
 
 def test_replay_prices_replayed_tokens_and_flushes(tmp_path):
@@ -307,155 +232,6 @@ def test_unmeasured_chain_length_is_interpolated_between_measured_chains(tmp_pat
     assert verify(8) == pytest.approx(20.0 * 8)
 
 
-# ------------------------------------------------------------- pipeline pricing
-LAYERS, GDN_LAYERS, ATTN_LAYERS = 40, 30, 10
-
-
-def k(name, **r):
-    return known(name, {"tokens": 0, "B": 1, "P": 1, "ctx": 0, "seqs": 1, **r})
-
-
-def write_host(mdir, us=1.0, **per_op):
-    """host.csv: every op costs `us` (or its override) at any n."""
-    rows = [{"op": op, "n": n, "us": per_op.get(op, us), "us_p10": 0, "us_p90": 0, "reps": 5}
-            for op in HOST_OPS for n in (1, 4096)]
-    write_csv(mdir / "host.csv", rows, HOST_COLUMNS)
-
-
-def step(reqs, vp=4, depth=3, full_graph_ok=True):
-    """A StepBatch dispatched as the engine does: reqs = (query tokens, context, decoding, spec)."""
-    return assemble_batch([(n, c, d, s, 0, True) for n, c, d, s in reqs], verify_positions=vp, draft_depth=depth,
-                          sizes=capture_sizes(1024, 8192, vp), full_graph_ok=full_graph_ok)
-
-
-MIXED = [(4, 4096, True, True)] * 8 + [(100, 0, False, False), (60, 4096, False, False)]
-
-
-def test_mixed_step_priced_from_graph_tables_and_host_model(tmp_path):
-    root = make_tables(tmp_path)
-    write_host(root / MODEL)
-    lm = load(root, pricing="pipeline", async_scheduling=False)
-    b = step(MIXED)
-    assert (b.kind, b.graph_mode, b.num_tokens, b.run_tokens) == ("mixed_graph", "piecewise", 192, 192)
-    t = {name: v * 1e6 for name, v in lm.step_time(b).terms.items()}
-
-    def graph(name, *x):  # the graph-mode table (GPU time); its eager twin costs 3x and is never used
-        return lm.tables[(name, "graph")](*x)
-    n = 192
-    assert t["gdn"] == pytest.approx(GDN_LAYERS * graph("gdn", n))
-    assert t["moe"] == pytest.approx(LAYERS * graph("moe", n))
-    # decodes at their own context, each prefill chunk at its own
-    core = graph("attn_decode", 8, 4, 4096) + graph("attn_prefill", 100, 0) + graph("attn_prefill", 60, 4096)
-    assert t["attention"] == pytest.approx(ATTN_LAYERS * (graph("attn_proj", n) + core))
-    # the varlen prefill: ONE call per layer over the 160 tokens of both sequences
-    verify = lm.kernels["verify"]["graph"](8)
-    assert t["gdn_verify"] == pytest.approx(GDN_LAYERS * (verify + graph("gdn_prefill_varlen", 160, 2)))
-    assert t["lm_head"] == pytest.approx(graph("lm_head", 32 + 2))
-    # host: prepare (1) and the first piece (1) before the GPU starts, finish (1) after it;
-    # every later launch (1 us) hides behind GPU work already queued
-    assert t["overhead"] == pytest.approx(3.0)
-    assert lm.sources.by_term["overhead"] == "calibrated"
-
-
-def test_decode_core_conv_priced_at_the_decode_tokens_under_the_runs_policy(tmp_path):
-    root = make_tables(tmp_path)
-    write_host(root / MODEL)
-    b = step(MIXED)  # 8 decodes x 4 positions and two prefills
-    without = load(root, pricing="pipeline", async_scheduling=False).step_time(b).terms["gdn_verify"] * 1e6
-    write_csv(root / MODEL / "gdn_decode_conv.csv", [
-        {c: 0 for c in COLUMNS} | {"policy": pol, "mode": "graph", "B": n, "P": 4, "tokens": 4 * n,
-                                   "us": base + 0.05 * 4 * n}
-        for pol, base in (("store_all", 7.0), ("replay", 30.0)) for n in (1, 4, 16, 64, 256)], DECODE_CONV_COLUMNS)
-    lm = load(root, pricing="pipeline", async_scheduling=False)
-    assert lm.decode_conv(16) == pytest.approx(7.8)  # the run's policy's rows, not replay's
-    t = lm.step_time(b).terms["gdn_verify"] * 1e6
-    # once per GDN layer over the 32 decode tokens; the prefill tokens' conv is the varlen call's
-    assert t - without == pytest.approx(GDN_LAYERS * lm.decode_conv(32))
-    assert 7.0 + 0.05 * 16 < lm.decode_conv(32) < 7.0 + 0.05 * 64
-    # the old eager-sum pricing adds it too (the gdn table no longer holds a conv stand-in)
-    eager = load(root, pricing="eager_sum").step_time(b).terms["gdn_verify"] * 1e6
-    (root / MODEL / "gdn_decode_conv.csv").unlink()
-    eager_without = load(root, pricing="eager_sum").step_time(b).terms["gdn_verify"] * 1e6
-    assert eager - eager_without == pytest.approx(GDN_LAYERS * lm.decode_conv(32))
-
-
-def test_varlen_prefill_is_one_call_per_layer(tmp_path):
-    root = make_tables(tmp_path, skip=("gdn_prefill_varlen",))
-    write_host(root / MODEL, gdn_prefill=1000.0)
-    lm = load(root, pricing="pipeline", async_scheduling=False)
-    four = step([(100, 0, False, False)] * 4)
-    _, ops, *_ = lm.pricer.shape(four)
-    assert sum(1 for h, *_ in ops if h == pytest.approx(1000.0)) == GDN_LAYERS  # not one per prefilling request
-    # GPU time without a varlen table: the one-sequence curve at the chunk-rounded total (4 x 128)
-    t = lm.step_time(four).terms
-    assert t["gdn_verify"] * 1e6 == pytest.approx(GDN_LAYERS * lm.tables[("gdn_prefill", "graph")](512))
-    # 30 launches of 1 ms: more than the step's GPU work, so the host bounds the step
-    assert t["overhead"] > 0 and sum(t.values()) * 1e6 > GDN_LAYERS * 1000.0
-
-
-def test_full_graph_decode_is_one_replay(tmp_path):
-    root = make_tables(tmp_path)
-    write_host(root / MODEL, full_graph=7.0, step_prepare=11.0, step_finish=13.0)
-    lm = load(root, pricing="pipeline", async_scheduling=False)
-    b = step([(4, 4096, True, True)] * 16)
-    assert (b.kind, b.graph_mode) == ("uniform_decode", "full")
-    t = lm.step_time(b).terms
-    assert t["overhead"] * 1e6 == pytest.approx(11.0 + 7.0 + 13.0)
-    # async scheduling: prepare and finish overlap the previous and next steps' GPU work
-    lm_async = load(root, pricing="pipeline", async_scheduling=True)
-    assert lm_async.step_time(b).terms["overhead"] * 1e6 == pytest.approx(7.0)
-
-
-def test_drafter_passes_cover_every_request(tmp_path):
-    root = make_tables(tmp_path)
-    write_host(root / MODEL)
-    lm = load(root, pricing="pipeline", async_scheduling=False)
-    b = step([(4, 4096, True, True)] * 16)
-    t = lm.step_time(b).terms["drafter"] * 1e6
-    # 64 and 16 tokens, B = 16, ctx = 4096 are grid points: the tables return known() exactly
-    first = k("mtp_fc", tokens=64) + k("attn_proj", tokens=64) + k("attn_decode", B=16, P=4, ctx=4096) \
-        + k("moe", tokens=64) + k("lm_head", tokens=16)
-    later = k("mtp_fc", tokens=16) + k("attn_proj", tokens=16) + k("attn_decode", B=16, P=1, ctx=4096) \
-        + k("moe", tokens=16) + k("lm_head", tokens=16)
-    assert t == pytest.approx(first + 2 * later)
-
-
-def test_pipeline_never_sums_eager_tables(tmp_path):
-    """The same step in both pricings: eager_sum adds eager rows, the pipeline does not."""
-    root = make_tables(tmp_path)
-    write_host(root / MODEL)
-    b = step(MIXED)
-    pipe = load(root, pricing="pipeline", async_scheduling=False).step_time(b).terms
-    old = load(root, pricing="eager_sum").step_time(b).terms
-    assert old["attention"] > pipe["attention"] and old["gdn_verify"] > pipe["gdn_verify"]
-    assert old["moe"] == pytest.approx(pipe["moe"])  # piecewise dense parts: graph tables in both
-
-
-def test_without_host_table_the_host_is_analytic_and_labelled(tmp_path):
-    lm = load(make_tables(tmp_path), pricing="pipeline", async_scheduling=False)
-    assert lm.sources.by_term["overhead"] == "mixed"  # prepare/finish from the step check, launches assumed
-    assert lm.step_time(step(MIXED)).total_s > 0
-
-
-def test_host_table_with_an_unknown_op_is_an_error(tmp_path):
-    root = make_tables(tmp_path)
-    write_csv(root / MODEL / "host.csv", [{"op": "warp_drive", "n": 1, "us": 1, "us_p10": 1, "us_p90": 1, "reps": 1}],
-              HOST_COLUMNS)
-    with pytest.raises(TableError, match="unknown ops \\['warp_drive'\\]"):
-        load(root, pricing="pipeline")
-
-
-@pytest.mark.parametrize("async_scheduling", [False, True])
-def test_pipeline_monotone_in_batch_and_context(tmp_path, async_scheduling):
-    root = make_tables(tmp_path)
-    write_host(root / MODEL, us=30.0, gdn_prefill=600.0)
-    lm = load(root, pricing="pipeline", async_scheduling=async_scheduling)
-    totals = [lm.step_time(step([(4, 4096, True, True)] * b)).total_s for b in (1, 2, 5, 13, 40, 100, 128, 300)]
-    assert totals == sorted(totals)
-    by_ctx = [lm.step_time(step([(4, c, True, True)] * 32)).total_s for c in (300, 1000, 5000, 20000)]
-    assert by_ctx == sorted(by_ctx)
-
-
 def test_kernels_selected_by_the_models_state_dtype(tmp_path):
     root = make_tables(tmp_path, kernels=False)
     cols = ("model", "policy", "B", "T", "tree", "state_dtype", "verify_us", "commit_us", "total_us", "mode")
@@ -473,22 +249,3 @@ def test_kernels_selected_by_the_models_state_dtype(tmp_path):
         {"model": MODEL, "policy": "store_all", "B": b, "T": 4, "tree": "1,1,1", "state_dtype": other,
          "verify_us": 5.0 * b, "commit_us": 1.0 * b, "total_us": 6.0 * b, "mode": "graph"} for b in (1, 8)], cols)
     assert load(root).sources.by_term["gdn_verify"] == "analytic"
-
-
-def test_each_policy_prices_its_own_verify_and_commit_launches(tmp_path):
-    # host.csv measured under store_all; host_policies.csv's replay rows price replay's GDN launches
-    from core.tables import HOST_POLICY_COLUMNS
-
-    root = make_tables(tmp_path)
-    write_host(root / MODEL)
-    write_csv(root / MODEL / "host_policies.csv",
-              [{"policy": "replay", "op": op, "n": n, "us": us, "us_p10": 0, "us_p90": 0, "reps": 5}
-               for op, us in (("gdn_verify", 500.0), ("gdn_commit", 200.0)) for n in (1, 4096)], HOST_POLICY_COLUMNS)
-    b = step(MIXED)
-    sa, rp = (load(root, policy=p, pricing="pipeline", async_scheduling=False) for p in ("store_all", "replay"))
-    assert (sa.host.us("gdn_verify", 8), rp.host.us("gdn_verify", 8), rp.host.us("gdn_commit", 8)) == \
-        (pytest.approx(1.0), pytest.approx(500.0), pytest.approx(200.0))
-    assert rp.host.us("attn_core", 8) == sa.host.us("attn_core", 8)
-    # a piecewise step's eager GDN cores are issued by the host: replay's step is host-bound, at least
-    # its layers' 700 us of verify + commit launches; store_all's host costs stay under its GPU time
-    assert rp.step_time(b).total_s >= GDN_LAYERS * 700e-6 > sa.step_time(b).total_s

@@ -1,0 +1,85 @@
+"""Synthetic calibration tables with known answers, and the CalibratedLatencyModel loaded over them:
+the fixtures of the latency model's tests (test_calibrate_latency_model.py: loading and the eager-sum
+pricing; test_calibrate_latency_pipeline.py: the pipeline pricing)."""
+import csv
+
+from core.config import EngineConfig, load_hardware, load_model, load_policy
+from core.tables import COLUMNS, SEQS_COLUMNS, STEP_COLUMNS, TABLES
+from policies import make_policy
+from sim.latency import StepBatch
+from sim.latency_analytic import AnalyticLatencyModel
+from sim.latency_calibrated import CalibratedLatencyModel
+
+MODEL = "qwen3.5-35b-a3b"
+AXES = {"tokens": (1, 4, 16, 64, 256, 1024, 4096, 16384), "B": (1, 4, 16, 64, 256, 512), "P": (1, 4, 16, 64),
+        "ctx": (256, 1024, 4096, 32768)}
+PREFILL_CTX = (0, 4096, 32768)
+EAGER = 3.0  # synthetic eager tables cost 3x graph ones
+
+
+def known(table, r):
+    """Synthetic microseconds per call: increasing in every axis."""
+    if table == "attn_decode":
+        return 4.0 + 0.01 * r["B"] * r["P"] + 1e-4 * r["B"] * r["ctx"]
+    if table == "attn_prefill":
+        return 8.0 + 1e-3 * r["tokens"] + 1e-6 * r["tokens"] * r["ctx"]
+    if table == "gdn_prefill_varlen":
+        return 35.0 + 0.01 * r["tokens"] + 2.0 * r["seqs"]
+    return {"gdn": 20.0, "attn_proj": 15.0, "moe": 300.0, "mlp": 280.0, "lm_head": 250.0, "mtp_fc": 6.0,
+            "gdn_prefill": 30.0}[table] + 0.01 * r["tokens"]
+
+
+def write_csv(path, rows, columns):
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def make_tables(root, kernels=True, steps=True, skip=()):
+    mdir = root / MODEL
+    mdir.mkdir(parents=True)
+    for name, spec in TABLES.items():
+        if name in skip:
+            continue
+        if spec.axes == ("tokens", "ctx"):
+            points = [{"tokens": n, "ctx": c} for n in AXES["tokens"] for c in PREFILL_CTX]
+        elif spec.axes == ("B", "P", "ctx"):
+            points = [{"B": b, "P": p, "ctx": c} for b in AXES["B"] for p in AXES["P"] for c in AXES["ctx"]]
+        elif spec.axes == ("tokens", "seqs"):
+            points = [{"tokens": n, "seqs": q} for n in AXES["tokens"] for q in (1, 4, 16)]
+        else:
+            points = [{"tokens": n} for n in AXES["tokens"]]
+        rows = []
+        for mode, k in (("graph", 1.0), ("eager", EAGER)):
+            for pt in points:
+                r = {c: 0 for c in COLUMNS} | {"B": 1, "P": 1, "ctx": 0} | pt
+                r["tokens"] = pt.get("tokens", r["B"] * r["P"])
+                rows.append(r | {"mode": mode, "us": k * known(name, r)})
+        write_csv(mdir / f"{name}.csv", rows, SEQS_COLUMNS if "seqs" in spec.axes else COLUMNS)
+    if kernels:
+        cols = ("model", "policy", "B", "T", "tree", "verify_us", "commit_us", "total_us", "mode")
+        write_csv(root / "kernels.csv", [
+            {"model": MODEL, "policy": "store_all", "B": b, "T": 4, "tree": "(1, 1, 1)", "verify_us": 10 + b,
+             "commit_us": 2 + 0.1 * b, "total_us": 12 + 1.1 * b, "mode": mode}
+            for b in (1, 8, 64, 512) for mode in ("graph", "eager")], cols)
+    if steps:
+        write_csv(mdir / "step_check.csv", [
+            {"mode": m, "B": 8, "P": 4, "ctx": 4096, "kernel": "store_all", "step_us": 1000.0,
+             "host_step_us": 1000.0 + extra, "kernel_us": 5.0, "reps": 10}
+            for m, extra in (("graph", 40.0), ("graph", 60.0), ("eager", 80.0))], STEP_COLUMNS)
+    return root
+
+
+def load(root, hw="h200", policy="store_all", fallback=True, pricing="eager_sum", policy_update=None, **engine):
+    m = load_model(MODEL)
+    h = load_hardware(hw).model_copy(update={"calibration_dir": str(root)})
+    pol = make_policy(m, load_policy(policy).model_copy(update=policy_update or {}))
+    eng = EngineConfig(latency_pricing=pricing, **engine)
+    fb = AnalyticLatencyModel(m, h, pol, eng) if fallback else None
+    return CalibratedLatencyModel.load(m, h, pol, eng, fallback=fb)
+
+
+def decode(b, ctx=4096, eager=False, p=4):
+    return StepBatch(num_seqs=b, prefill_tokens=0, prefill_seqs=0, decode_seqs=b, spec_seqs=b, verify_positions=p,
+                     context_tokens=b * ctx, max_context=ctx, eager=eager, draft_depth=3)
