@@ -1,10 +1,13 @@
 """GPU bench of the block-FP8 kernels an FP8 checkpoint runs (docs/fp8.md), beside bf16:
 
 - dense projections of the model (vLLM's fused shapes) at each token count: bf16 F.linear,
-  torch's block-wise scaled_mm (CUTLASS, 1 x 128 activation and 128 x 128 weight scales: the
-  packaged kernel of vLLM's Hopper contract), our Triton `fp8_block_gemm`, and the per-token
-  group quantisation that runs before each FP8 GEMM;
-- the MoE block: `fused_moe_fp8` and the bf16 `fused_moe`, against the copy rate on the bytes
+  torch's block-wise scaled_mm (cuBLASLt, 1 x 128 activation and 128 x 128 weight scales, M
+  padded to a multiple of 4 as vLLM pads it for its CUTLASS kernel: the packaged stand-in for
+  what vLLM runs on Hopper), our Triton `fp8_block_gemm` at our tiles and at vLLM's default, and
+  the per-token-group quantisation that runs before each FP8 GEMM, at many groups per program
+  (vLLM's structure) and at one;
+- the MoE block: `fused_moe_fp8` at vLLM's block-FP8 default tiles, at 128-wide gate and up tiles
+  and at the tiles it had before, and the bf16 `fused_moe`, against the copy rate on the bytes
   each call reads (the experts its tokens route to, the shared expert, the router).
 
 Every output is first checked against its reference; times are CUDA-graph replays over rotated
@@ -21,6 +24,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -71,10 +75,23 @@ B_LAYOUT: list[str] = []
 
 def torch_block_mm(aq: torch.Tensor, a_s: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
     """torch's block-wise scaled_mm: scale_a [M, K/128] (BlockWise1x128), the weight's scales
-    (BlockWise128x128), b the weight's transpose (column-major)."""
+    (BlockWise128x128), b the weight's transpose (column-major). M padded to a multiple of 4 with
+    zero rows of scale one and the product cut back, as vLLM's `_padded_cutlass` does on Hopper
+    before its CUTLASS block-FP8 GEMM (docs/vllm_kernels.md): cuBLASLt refuses M = 1 unpadded."""
     st = F.ScalingType
-    return F.scaled_mm(aq, wq.t(), _outer_major(a_s), st.BlockWise1x128, B_SCALE_LAYOUTS[B_LAYOUT[0]](ws),
-                       st.BlockWise128x128, output_dtype=torch.bfloat16)
+    m = aq.shape[0]
+    if m % PAD_M:
+        padded = torch.zeros(m + (-m % PAD_M), aq.shape[1], dtype=aq.dtype, device=aq.device)
+        padded[:m].copy_(aq)
+        scales = torch.ones(padded.shape[0], a_s.shape[1], dtype=a_s.dtype, device=a_s.device)
+        scales[:m].copy_(a_s)
+        aq, a_s = padded, scales
+    out = F.scaled_mm(aq, wq.t(), _outer_major(a_s), st.BlockWise1x128, B_SCALE_LAYOUTS[B_LAYOUT[0]](ws),
+                      st.BlockWise128x128, output_dtype=torch.bfloat16)
+    return out[:m]
+
+
+PAD_M = 4  # vLLM's `_padded_cutlass` pad_multiple
 
 
 class Bench:
@@ -111,7 +128,7 @@ def check_torch_block_mm(b: Bench) -> bool:
     for layout in B_SCALE_LAYOUTS:
         B_LAYOUT[:] = [layout]
         ok = True
-        for m in (16, 1, 300):
+        for m in (16, 1, 5, 300):
             aq, a_s = G.group_quant(torch.randn(m, 2048, device=b.dev).bfloat16())
             try:
                 out = torch_block_mm(aq, a_s, wq, ws)
@@ -132,6 +149,35 @@ def check_torch_block_mm(b: Bench) -> bool:
     return False
 
 
+# Variants timed side by side, so that one run says whether vLLM's rules beat what came before:
+# the quantisation at vLLM's many groups per program and at one (the previous kernel's structure);
+# the Triton GEMM at our tiles and at vLLM's default tile for the same kernel.
+QUANT_VARIANTS = {"group_quant": G.GROUPS_PER_PROGRAM, "group_quant_one_group": 1}
+GEMM_VARIANTS = {"triton_fp8_block": None, "triton_fp8_block_vllm_default": G.VLLM_DEFAULT_GEMM}
+
+
+def bf16_tiles(tokens: int) -> FM.MoEConfig:
+    """The FP8 MoE's tiles before vLLM's block-FP8 rule: the bf16 default's, capped at one scale group."""
+    c = FM.default_config(tokens)
+    return replace(c, block_k=min(c.block_k, G.GROUP), block_n=min(c.block_n, G.GROUP),
+                   down_block_n=min(c.down_block_n or c.block_n, G.GROUP))
+
+
+# fused_moe_fp8: vLLM's block-FP8 default (128 columns of [gate | up] a program); _n128: 128 gate and
+# 128 up columns a program (intermediate scale groups of 128, as vLLM's); _bf16_tiles: before.
+MOE_VARIANTS: dict[str, Callable[[int], FM.MoEConfig]] = {
+    "fused_moe_fp8": M.default_config, "fused_moe_fp8_n128": lambda t: replace(M.default_config(t), block_n=G.GROUP),
+    "fused_moe_fp8_bf16_tiles": bf16_tiles}
+
+
+def checked(b: Bench, what: str, out: torch.Tensor, ref: torch.Tensor, tol: float) -> bool:
+    """Times only a kernel whose output matches its reference; a miss goes to the notes."""
+    err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+    if err > tol:
+        b.notes.append(f"{what}: relative error {err:.3g} over {tol}, not timed")
+    return err <= tol
+
+
 def bench_dense(b: Bench, model, bw: float, tf: float, with_torch: bool) -> None:
     for op, (n, k) in dense_shapes(model).items():
         w = torch.randn(n, k, device=b.dev) * 0.02
@@ -142,17 +188,24 @@ def bench_dense(b: Bench, model, bw: float, tf: float, with_torch: bool) -> None
                 b.notes.append(f"budget spent before dense {op} at {t} tokens")
                 return
             x = torch.randn(t, k, device=b.dev).bfloat16()
-            aq, a_s = G.group_quant(x)
+            aq, a_s = G.group_quant_ref(x)
             fl = 2 * t * n * k
             # each copy owns its weights so the L2 starts cold
             b.row("bf16_linear", op, n, k, t, b.time(lambda: (lambda w2=wb.clone(): lambda: F.linear(x, w2))(), n * k * 2),
                   n * k * 2 + t * (k + n) * 2, fl, bw, tf)
-            b.row("group_quant", op, n, k, t, b.time(lambda: lambda: G.group_quant(x), t * k * 3), t * k * 3 + t * k // 32,
-                  0, bw, tf)
+            for name, per in QUANT_VARIANTS.items():
+                q, sc = G.group_quant(x, groups_per_program=per)
+                if checked(b, f"{name} {op} M={t}", q.float() * sc.repeat_interleave(G.GROUP, 1),
+                           aq.float() * a_s.repeat_interleave(G.GROUP, 1), 0.0):
+                    b.row(name, op, n, k, t, b.time(lambda per=per: lambda: G.group_quant(x, groups_per_program=per),
+                                                    t * k * 3), t * k * 3 + t * k // 32, 0, bw, tf)
             fp8_bytes = n * k + n * k // 4096 + t * k + t * n * 2
-            b.row("triton_fp8_block", op, n, k, t,
-                  b.time(lambda: (lambda w2=wq.clone(): lambda: G.fp8_block_gemm(aq, a_s, w2, ws))(), n * k), fp8_bytes, fl, bw, tf)
-            if with_torch:
+            ref = G.fp8_block_gemm_ref(aq, a_s, wq, ws, torch.float64)
+            for name, cfg in GEMM_VARIANTS.items():
+                if checked(b, f"{name} {op} M={t}", G.fp8_block_gemm(aq, a_s, wq, ws, config=cfg), ref, 1e-2):
+                    b.row(name, op, n, k, t, b.time(lambda cfg=cfg: (lambda w2=wq.clone(): lambda: G.fp8_block_gemm(
+                        aq, a_s, w2, ws, config=cfg))(), n * k), fp8_bytes, fl, bw, tf)
+            if with_torch and checked(b, f"torch_fp8_blockwise {op} M={t}", torch_block_mm(aq, a_s, wq, ws), ref, 1e-2):
                 b.row("torch_fp8_blockwise", op, n, k, t,
                       b.time(lambda: (lambda w2=wq.clone(): lambda: torch_block_mm(aq, a_s, w2, ws))(), n * k),
                       fp8_bytes, fl, bw, tf)
@@ -171,6 +224,8 @@ def bench_moe(b: Bench, model, bw: float, tf: float) -> None:
     gate = (torch.randn(1, h, device=b.dev, generator=gen) * 0.05).bfloat16()
     bf = {k: G.dequantize_weight_blocks(q, s).bfloat16() for k, (q, s) in
           {"w13": (w13, w13s), "w2": (w2, w2s), "s13": (s13, s13s), "s2": (s2, s2s)}.items()}
+    fp8 = dict(router_w=router, w13=w13, w13_s=w13s, w2=w2, w2_s=w2s, top_k=e.top_k, shared_w13=s13,
+               shared_w13_s=s13s, shared_w2=s2, shared_w2_s=s2s, shared_gate_w=gate)
     expert_bytes = 3 * I * h
     for t in MOE_TOKENS:
         if b.left() < 0:
@@ -183,20 +238,23 @@ def bench_moe(b: Bench, model, bw: float, tf: float) -> None:
                       for x in xs) / n  # + the shared expert
         fl = 2 * t * (e.top_k + 1) * expert_bytes
         act = t * h * 2 * 2 + E * h * 2  # tokens in and out, the router
-        it8, it16 = iter(xs), iter(xs)
-        fp8 = dict(router_w=router, w13=w13, w13_s=w13s, w2=w2, w2_s=w2s, top_k=e.top_k, shared_w13=s13,
-                   shared_w13_s=s13s, shared_w2=s2, shared_w2_s=s2s, shared_gate_w=gate)
         nb8 = int(touched * expert_bytes * (1 + 4 / G.GROUP ** 2)) + act
-        t8 = time_calls([(lambda x=next(it8): lambda: M.fused_moe_fp8(x=x, **fp8))() for _ in range(n)], "graph",
-                        b.dev, budget_s=0.02, min_reps=5, max_reps=15)
-        b.row("fused_moe_fp8", "moe", 2 * I, h, t, t8, nb8, fl, bw, tf)
+        checks = xs[0][:min(t, 256)]  # the float64 reference loops over experts: a slice of the batch
+        for name, config_of in MOE_VARIANTS.items():
+            cfg = config_of(t)
+            if not checked(b, f"{name} at {t} tokens", M.fused_moe_fp8(x=checks, config=cfg, **fp8),
+                           M.fused_moe_fp8_ref(x=checks, config=cfg, **fp8), 2e-2):
+                continue
+            t8 = time_calls([(lambda x=x: lambda: M.fused_moe_fp8(x=x, config=cfg, **fp8))() for x in xs], "graph",
+                            b.dev, budget_s=0.02, min_reps=5, max_reps=15)
+            b.row(name, "moe", 2 * I, h, t, t8, nb8, fl, bw, tf)
+            b.log(f"moe {t} tokens: {name} {b.rows[-1]['us']} us ({b.rows[-1]['pct_copy']}% copy)")
         nb16 = int(touched * expert_bytes * 2) + act
-        t16 = time_calls([(lambda x=next(it16): lambda: FM.fused_moe(x, router, bf["w13"], bf["w2"], e.top_k, bf["s13"],
-                                                                     bf["s2"], gate))() for _ in range(n)],
+        t16 = time_calls([(lambda x=x: lambda: FM.fused_moe(x, router, bf["w13"], bf["w2"], e.top_k, bf["s13"],
+                                                            bf["s2"], gate))() for x in xs],
                          "graph", b.dev, budget_s=0.02, min_reps=5, max_reps=15)
         b.row("fused_moe_bf16", "moe", 2 * I, h, t, t16, nb16, fl, bw, tf)
-        b.log(f"moe {t} tokens: {touched:.0f} experts, fp8 {b.rows[-2]['us']} us ({b.rows[-2]['pct_copy']}% copy), "
-              f"bf16 {b.rows[-1]['us']} us ({b.rows[-1]['pct_copy']}% copy)")
+        b.log(f"moe {t} tokens: {touched:.0f} experts, bf16 {b.rows[-1]['us']} us ({b.rows[-1]['pct_copy']}% copy)")
 
 
 ATTN_CASES = ((1, 64, 4096), (4, 64, 4096), (1, 256, 2048), (4, 256, 2048))  # (queries per request, requests, ctx)

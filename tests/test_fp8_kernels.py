@@ -1,11 +1,14 @@
 """Block-FP8 kernels (calibrate/kernels/fp8_gemm.py, fused_moe_fp8.py) against their float64
-references. The CPU tests check the quantisation and the references themselves; Triton's
-interpreter does not round float32 to float8 to nearest (about 2% of the elements land one step
-lower), so the kernels are checked on the GPU."""
+references, on the CPU through Triton's interpreter and on the GPU. Triton 3.9's interpreter
+rounds float32 to float8 wrongly (`_convert_float` ORs the rounding carry into the exponent, so a
+value that rounds up to a power of two comes out as half of it, and ties round up): the CPU tests
+cast through torch's round-to-nearest-even instead (`rtne_fp8`), which is the GPU's `cvt.rn`."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+import triton.language as tl
 
 from calibrate.kernels import fp8_gemm as G
 from calibrate.kernels import fused_moe_fp8 as M
@@ -17,6 +20,21 @@ gpu = pytest.mark.gpu
 
 def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture
+def rtne_fp8(monkeypatch):
+    """The interpreter's float32 -> float8_e4m3fn casts done by torch (round to nearest even)."""
+    from triton.runtime import interpreter as I
+    convert = I._convert_float
+
+    def fixed(data, src, dst, rounding_mode):
+        if src == tl.float32 and dst == tl.float8e4nv and rounding_mode == I._ir.ROUNDING_MODE.RTNE:
+            x = torch.from_numpy(np.ascontiguousarray(data).view(np.float32))
+            return x.to(G.FP8).view(torch.uint8).numpy().reshape(data.shape)
+        return convert(data, src, dst, rounding_mode)
+
+    monkeypatch.setattr(I, "_convert_float", fixed)
 
 
 def test_weight_blocks_round_trip_within_one_fp8_step_per_block():
@@ -84,6 +102,54 @@ def test_moe_rejects_blocks_that_straddle_scale_groups():
         M.fused_moe_fp8(top_k=2, config=cfg, **t)
 
 
+@pytest.mark.skipif(CUDA, reason="the CPU interpreter's copy of the GPU tests below")
+@pytest.mark.parametrize("t,h,per_program", [(5, 384, 16), (37, 256, 16), (37, 256, 1), (3, 128, 4)])
+def test_group_quant_kernel_matches_reference_on_cpu(nan_poison, rtne_fp8, t, h, per_program):
+    x = (torch.randn(t, h, generator=_gen(t)) * torch.logspace(-2, 2, h)).bfloat16()
+    x[t // 2, :128] = 0  # an all-zero group
+    q, s = G.group_quant(x, groups_per_program=per_program)
+    qr, sr = G.group_quant_ref(x)
+    assert torch.equal(s, sr) and torch.equal(q.view(torch.uint8), qr.view(torch.uint8))
+    with pytest.raises(ValueError, match="multiple of 128"):
+        G.group_quant(torch.zeros(2, 200).bfloat16())
+
+
+@pytest.mark.skipif(CUDA, reason="the CPU interpreter's copy of the GPU tests below")
+@pytest.mark.parametrize("m,config", [(1, None), (33, None), (33, G.VLLM_DEFAULT_GEMM),
+                                      (130, G.GemmConfig(16, 32, 64, 4, 2))])
+def test_block_gemm_kernel_matches_reference_on_cpu(nan_poison, m, config):
+    a = torch.randn(m, 384, generator=_gen(m)).bfloat16()
+    q, s = G.group_quant_ref(a)
+    wq, ws = G.quantize_weight_blocks(torch.randn(256 + 128, 384, generator=_gen(7)) * 0.02)
+    out = G.fp8_block_gemm(q, s, wq, ws, config=config)
+    ref = G.fp8_block_gemm_ref(q, s, wq, ws, torch.float64)
+    # the interpreter truncates float32 to bf16: within one bf16 step of the largest output
+    assert ((out.double() - ref).abs().max() / ref.abs().max()) < 1e-2
+    with pytest.raises(ValueError, match="must divide"):
+        G.fp8_block_gemm(q, s, wq, ws, config=G.GemmConfig(16, 32, 256, 4, 2))
+
+
+def test_fp8_moe_default_is_vllms_block_fp8_rule():
+    # vLLM's get_default_config for fp8_w8a8 with block_shape [128, 128]
+    for t, (bm, gm) in {1: (16, 1), 16: (16, 1), 17: (16, 32), 64: (16, 32), 65: (64, 32), 4096: (64, 32)}.items():
+        c = M.default_config(t)
+        assert (c.block_m, c.group_m, c.block_k, c.num_warps, c.num_stages) == (bm, gm, 128, 4, 3)
+        assert 2 * c.block_n == c.down_block_n == 128 and c.sorted == (t > 16)
+
+
+@pytest.mark.skipif(CUDA, reason="the CPU interpreter's copy of the GPU tests below")
+@pytest.mark.parametrize("T,block_n", [(5, None), (40, None), (40, 128)])
+def test_fused_moe_fp8_kernel_matches_reference_on_cpu(nan_poison, rtne_fp8, T, block_n):
+    t = _moe_inputs(T, E=8, H=256, I=256, T=T)
+    cfg = M.default_config(T)
+    if block_n:
+        cfg = M.FM.MoEConfig(**{**cfg.__dict__, "block_n": block_n})
+    out = M.fused_moe_fp8(top_k=2, config=cfg, **t)
+    ref = M.fused_moe_fp8_ref(top_k=2, config=cfg, **t)
+    rel = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+    assert rel < 2e-2, rel
+
+
 @gpu
 @pytest.mark.skipif(not CUDA, reason="needs a GPU")
 @pytest.mark.parametrize("m,n,k", [(1, 512, 2048), (33, 12288, 2048), (300, 2048, 4096)])
@@ -139,3 +205,38 @@ def test_paged_attention_fp8_cache_on_the_gpu():
     out = PA.paged_attention(**x, v_scale=2.0)
     ref = paged_attention_ref(**x, v_scale=2.0)
     assert ((out.double() - ref.double()).norm() / ref.double().norm()).item() < 2e-2
+
+
+def test_bench_variants_are_valid_for_the_35b_at_every_token_count():
+    from calibrate import fp8_bench
+    from core.config import load_model
+    m = load_model("qwen3.5-35b-a3b-fp8")
+    width = m.moe.expert_width
+    for t in fp8_bench.MOE_TOKENS:
+        configs = {name: of(t) for name, of in fp8_bench.MOE_VARIANTS.items()}
+        assert len(set(configs.values())) == len(configs), t  # three different things timed
+        for c in configs.values():
+            assert G.GROUP % c.block_k == 0 and G.GROUP % c.block_n == 0 and width % c.block_n == 0
+    assert fp8_bench.bf16_tiles(4096).block_m == 128  # the tiles of the 2026-12-02 bench
+
+
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_torch_block_mm_pads_m_to_four_as_vllm_and_cuts_back(monkeypatch, m):
+    # F.scaled_mm stands in for cuBLASLt here: it refuses what cuBLASLt refused (M not a multiple
+    # of 4) and otherwise multiplies as its block-wise contract says.
+    from calibrate import fp8_bench
+    import torch.nn.functional as F
+
+    def fake(a, b, scale_a, _ta, scale_b, _tb, output_dtype):
+        assert a.shape[0] % 4 == 0 and scale_a.stride() == (1, a.shape[0])
+        return G.fp8_block_gemm_ref(a, scale_a, b.t(), scale_b, output_dtype)  # scale_b: the n_by_k layout
+
+    monkeypatch.setattr(F, "ScalingType", type("ST", (), {"BlockWise1x128": 0, "BlockWise128x128": 1}), raising=False)
+    monkeypatch.setattr(F, "scaled_mm", fake, raising=False)
+    monkeypatch.setattr(fp8_bench, "B_LAYOUT", ["n_by_k"])
+    a = torch.randn(m, 256, generator=_gen(m)).bfloat16()
+    q, s = G.group_quant_ref(a)
+    wq, ws = G.quantize_weight_blocks(torch.randn(384, 256, generator=_gen(9)) * 0.02)
+    out = fp8_bench.torch_block_mm(q, s, wq, ws)
+    assert out.shape == (m, 384)
+    assert torch.equal(out, G.fp8_block_gemm_ref(q, s, wq, ws, torch.bfloat16))

@@ -1,13 +1,16 @@
 """Block-scaled FP8 as the FP8 checkpoints run it (docs/fp8.md): weights float8_e4m3 with one
 float32 scale per 128 x 128 block, activations quantised at run time per token and group of
-128 channels (vLLM's `per_token_group_quant_fp8`, `quantization/utils/fp8_utils.py`), and the
-GEMM that multiplies the two, rescaling each K-block's partial product (vLLM's Triton
-`w8a8_triton_block_scaled_mm`; on Hopper vLLM prefers a CUTLASS or DeepGEMM kernel of the
-same contract, which calibrate/fp8_bench.py times as torch's block-wise scaled_mm).
+128 channels (vLLM's `per_token_group_quant_fp8`, `quantization/utils/fp8_utils.py`, which on
+CUDA runs its C++ kernel of many groups per thread block), and the GEMM that multiplies the two,
+rescaling each K-block's partial product (the contract of vLLM's Triton
+`w8a8_triton_block_scaled_mm`; on Hopper vLLM runs DeepGEMM or its CUTLASS kernel instead,
+docs/vllm_kernels.md, which calibrate/fp8_bench.py stands in for with torch's block-wise scaled_mm).
 
 Each kernel has a plain-PyTorch `_ref` beside it with the same signature (float64 inside).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -40,28 +43,43 @@ def dequantize_weight_blocks(q: torch.Tensor, scale: torch.Tensor, block: int = 
     return q.to(torch.float64) * s[..., :q.shape[-2], :q.shape[-1]]
 
 
-@triton.jit(do_not_specialize=["T"])
-def _group_quant_kernel(x, xq, xs, T, H, stride_x, G: tl.constexpr, FMAX: tl.constexpr, EPS_: tl.constexpr):
-    t, g = tl.program_id(0), tl.program_id(1)
-    o = g * G + tl.arange(0, G)
-    m = o < H
-    b_x = tl.load(x + t.to(tl.int64) * stride_x + o, mask=m, other=0.0).to(tl.float32)
-    b_s = tl.maximum(tl.max(tl.abs(b_x), 0), EPS_) / FMAX
-    b_q = tl.clamp(b_x / b_s, -FMAX, FMAX)
-    tl.store(xq + t.to(tl.int64) * H + o, b_q.to(xq.dtype.element_ty), mask=m)
-    tl.store(xs + t * tl.cdiv(H, G) + g, b_s)
+@triton.jit(do_not_specialize=["num_groups"])
+def _group_quant_kernel(x, xq, xs, num_groups, H, stride_x,
+                        G: tl.constexpr, BLOCK_G: tl.constexpr, FMAX: tl.constexpr, EPS_: tl.constexpr):
+    # BLOCK_G consecutive groups (row-major over tokens, then groups) per program: vLLM's CUDA
+    # kernel gives a thread block up to 16 groups so that small rows still fill the SMs' lanes.
+    o_g = tl.program_id(0) * BLOCK_G + tl.arange(0, BLOCK_G)
+    m_g = o_g < num_groups
+    gpr = H // G
+    row, col = o_g // gpr, (o_g % gpr) * G
+    o_c = tl.arange(0, G)
+    b_x = tl.load(x + row[:, None].to(tl.int64) * stride_x + col[:, None] + o_c[None, :], mask=m_g[:, None],
+                  other=0.0).to(tl.float32)
+    b_s = tl.maximum(tl.max(tl.abs(b_x), 1), EPS_) / FMAX
+    b_q = tl.clamp(b_x / b_s[:, None], -FMAX, FMAX)
+    tl.store(xq + o_g[:, None].to(tl.int64) * G + o_c[None, :], b_q.to(xq.dtype.element_ty), mask=m_g[:, None])
+    tl.store(xs + o_g, b_s, mask=m_g)
 
 
-def group_quant(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, H] bf16 -> (fp8 [T, H], float32 scales [T, H/group]): x ~= q * scale per token and group."""
+GROUPS_PER_PROGRAM = 16  # vLLM's GetGroupsPerBlock at most (csrc per_token_group_quant.cu)
+
+
+def group_quant(x: torch.Tensor, group: int = GROUP,
+                groups_per_program: int = GROUPS_PER_PROGRAM) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, H] bf16 -> (fp8 [T, H], float32 scales [T, H/group]): x ~= q * scale per token and group.
+    `groups_per_program` 1 is one program per token and group (the Triton fallback's structure)."""
     T, H = x.shape
-    if x.stride(1) != 1:
-        raise ValueError("group_quant: x must be contiguous along its last dimension")
+    if x.stride(1) != 1 or H % group:
+        raise ValueError(f"group_quant: x must be contiguous along its last dimension of a multiple of {group}, "
+                         f"got shape {tuple(x.shape)} strides {x.stride()}")
     xq = torch.empty(T, H, dtype=FP8, device=x.device)
-    xs = torch.empty(T, triton.cdiv(H, group), dtype=torch.float32, device=x.device)
-    if T:
-        _group_quant_kernel[(T, triton.cdiv(H, group))](x, xq, xs, T, H, x.stride(0), G=group, FMAX=FP8_MAX,
-                                                       EPS_=EPS, num_warps=1)
+    xs = torch.empty(T, H // group, dtype=torch.float32, device=x.device)
+    n = T * (H // group)
+    if n:
+        # [groups, 128] tiles: 16 groups over 4 warps hold 16 elements a thread, as vLLM's 16 threads a group do.
+        _group_quant_kernel[(triton.cdiv(n, groups_per_program),)](
+            x, xq, xs, n, H, x.stride(0), G=group, BLOCK_G=groups_per_program, FMAX=FP8_MAX, EPS_=EPS,
+            num_warps=max(1, min(4, groups_per_program // 4)))
     return xq, xs
 
 
@@ -105,17 +123,33 @@ def _block_gemm_kernel(a, a_s, b, b_s, c, M, N, K, stride_a, stride_c,
              mask=m_m[:, None] & m_n[None, :])
 
 
-def block_gemm_config(m: int) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) by token count."""
+@dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    group_m: int = 8  # M-blocks sharing an N-column in launch order
+
+
+def block_gemm_config(m: int) -> GemmConfig:
+    """Ours, by token count: narrow M tiles while few tokens make the weight read the cost."""
     if m <= 16:
-        return 16, 64, 128, 4, 4
+        return GemmConfig(16, 64, 128, 4, 4)
     if m <= 128:
-        return 64, 64, 128, 4, 4
-    return 128, 128, 128, 8, 3
+        return GemmConfig(64, 64, 128, 4, 4)
+    return GemmConfig(128, 128, 128, 8, 3)
+
+
+# vLLM's `w8a8_triton_block_scaled_mm` without a tuned file for (N, K, device), which it has for
+# none of Qwen3.5's shapes on the H200 (quantization/utils/configs/, vLLM 0.17.1): the tile the
+# scale blocks fix, at every token count.
+VLLM_DEFAULT_GEMM = GemmConfig(64, GROUP, GROUP, 4, 2, group_m=32)
 
 
 def fp8_block_gemm(a: torch.Tensor, a_s: torch.Tensor, b: torch.Tensor, b_s: torch.Tensor,
-                   out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+                   out_dtype: torch.dtype = torch.bfloat16, config: GemmConfig | None = None) -> torch.Tensor:
     """a [M, K] fp8 with a_s [M, K/128]; b [N, K] fp8 (a checkpoint weight) with b_s [N/128, K/128];
     returns a @ b.T [M, N] in out_dtype, each 128-wide K-block's product times its two scales."""
     M, K = a.shape
@@ -126,10 +160,13 @@ def fp8_block_gemm(a: torch.Tensor, a_s: torch.Tensor, b: torch.Tensor, b_s: tor
     c = torch.empty(M, N, dtype=out_dtype, device=a.device)
     if M == 0:
         return c
-    bm, bn, bk, warps, stages = block_gemm_config(M)
-    _block_gemm_kernel[(triton.cdiv(M, bm) * triton.cdiv(N, bn),)](
+    cfg = config or block_gemm_config(M)
+    if GROUP % cfg.block_k:
+        raise ValueError(f"fp8_block_gemm: block_k {cfg.block_k} must divide the scale group {GROUP}")
+    _block_gemm_kernel[(triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)](
         a, a_s.contiguous(), b, b_s.contiguous(), c, M, N, K, a.stride(0), c.stride(0),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, G=GROUP, GROUP_M=8, num_warps=warps, num_stages=stages)
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, G=GROUP, GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return c
 
 

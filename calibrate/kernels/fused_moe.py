@@ -26,11 +26,13 @@ Structure after vLLM's (vllm/model_executor/layers/fused_moe/fused_moe.py: `fuse
 `fused_moe_kernel`, `moe_align_block_size`, `moe_sum`): pairs sorted by expert and padded
 to BLOCK_M, one grouped-GEMM launch per projection with the routing weight in the down
 GEMM's epilogue, a top-k sum. Ours also fuses SiLU(gate) * up into the gate+up epilogue
-(vLLM: a separate `silu_and_mul`) and the shared expert into the same GEMMs.
+(vLLM: a separate `silu_and_mul`) and the shared expert into the same GEMMs. The two GEMM
+kernels also run block-FP8 experts (their FP8 switch; calibrate/kernels/fused_moe_fp8.py).
 """
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -162,11 +164,18 @@ def _swizzle(pid, num_m, num_n, GROUP_M: tl.constexpr):
     return first_m + (pid % width) % size_m, (pid % width) // size_m
 
 
+# FP8 (a constexpr, off for bf16: its branches are not compiled, so the bf16 kernels are the same
+# code as without them) runs block-FP8 experts as vLLM's `fused_moe_kernel` does with
+# `use_fp8_w8a8` and `block_shape` [128, 128]: each K-block's product times the token group's
+# scale and the weight block's. The scale pointers are None for bf16.
 @triton.jit(do_not_specialize=["num_pairs", "num_m"])
 def _gate_up_kernel(x, w13, shared13, act, sorted_pair, block_expert, ids, num_pairs, num_m, H, I,
                     stride_x, stride_we, stride_act,
                     E: tl.constexpr, NP: tl.constexpr, SORTED: tl.constexpr, GROUP_M: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    x_s=None, w13_s=None, shared13_s=None, act_s=None, stride_se=None,
+                    FP8: tl.constexpr = False, G: tl.constexpr = 128, FMAX: tl.constexpr = 448.0,
+                    EPS_: tl.constexpr = 1e-10):
     pid_m, pid_n = _swizzle(tl.program_id(0), num_m, tl.cdiv(I, BLOCK_N), GROUP_M)
     e, pair, m_row, row = _block_rows(pid_m, sorted_pair, block_expert, ids, num_pairs, SORTED, BLOCK_M)
     if e < 0:
@@ -181,17 +190,38 @@ def _gate_up_kernel(x, w13, shared13, act, sorted_pair, block_expert, ids, num_p
     else:
         p_g = w13 + e.to(tl.int64) * stride_we + o_n[None, :] * H + o_k[:, None]
     p_u = p_g + I * H
+    if FP8:
+        kg = tl.cdiv(H, G)
+        p_xs = x_s + (pair // NP) * kg
+        if e == E:
+            p_sg = shared13_s + (o_n // G) * kg
+        else:
+            p_sg = w13_s + e.to(tl.int64) * stride_se + (o_n // G) * kg
+        p_su = p_sg + tl.cdiv(I, G) * kg  # the up rows' scale rows follow the gate rows'
     b_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     b_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
         m_k = o_k < H - k0
         b_a = tl.load(p_a, mask=m_row[:, None] & m_k[None, :], other=0.0)
-        b_g = mma(b_a, tl.load(p_g, mask=m_k[:, None] & m_n[None, :], other=0.0), b_g, INTERPRET)
-        b_u = mma(b_a, tl.load(p_u, mask=m_k[:, None] & m_n[None, :], other=0.0), b_u, INTERPRET)
+        if FP8:
+            s_a = tl.load(p_xs + k0 // G, mask=m_row, other=0.0)[:, None]
+            zero = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            b_g += mma(b_a, tl.load(p_g, mask=m_k[:, None] & m_n[None, :], other=0.0), zero, INTERPRET) \
+                * s_a * tl.load(p_sg + k0 // G, mask=m_n, other=0.0)[None, :]
+            b_u += mma(b_a, tl.load(p_u, mask=m_k[:, None] & m_n[None, :], other=0.0), zero, INTERPRET) \
+                * s_a * tl.load(p_su + k0 // G, mask=m_n, other=0.0)[None, :]
+        else:
+            b_g = mma(b_a, tl.load(p_g, mask=m_k[:, None] & m_n[None, :], other=0.0), b_g, INTERPRET)
+            b_u = mma(b_a, tl.load(p_u, mask=m_k[:, None] & m_n[None, :], other=0.0), b_u, INTERPRET)
         p_a += BLOCK_K
         p_g += BLOCK_K
         p_u += BLOCK_K
     b_h = b_g * tl.sigmoid(b_g) * b_u
+    if FP8:
+        # One scale per row and BLOCK_N columns: the down GEMM's K-blocks are this tile's columns.
+        b_s = tl.maximum(tl.max(tl.abs(b_h), 1), EPS_) / FMAX
+        b_h = tl.clamp(b_h / b_s[:, None], -FMAX, FMAX)
+        tl.store(act_s + row * tl.cdiv(I, BLOCK_N) + pid_n, b_s, mask=m_row)
     tl.store(act + row[:, None] * stride_act + o_n[None, :], b_h.to(act.dtype.element_ty),
              mask=m_row[:, None] & m_n[None, :])
 
@@ -200,7 +230,9 @@ def _gate_up_kernel(x, w13, shared13, act, sorted_pair, block_expert, ids, num_p
 def _down_kernel(act, w2, shared2, y, weights, sorted_pair, block_expert, ids, num_pairs, num_m, H, I,
                  stride_act, stride_we, stride_y,
                  E: tl.constexpr, SORTED: tl.constexpr, GROUP_M: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 act_s=None, w2_s=None, shared2_s=None, stride_se=None,
+                 FP8: tl.constexpr = False, G: tl.constexpr = 128):
     pid_m, pid_n = _swizzle(tl.program_id(0), num_m, tl.cdiv(H, BLOCK_N), GROUP_M)
     e, pair, m_row, row = _block_rows(pid_m, sorted_pair, block_expert, ids, num_pairs, SORTED, BLOCK_M)
     if e < 0:
@@ -213,11 +245,24 @@ def _down_kernel(act, w2, shared2, y, weights, sorted_pair, block_expert, ids, n
         p_b = shared2 + o_n[None, :] * I + o_k[:, None]
     else:
         p_b = w2 + e.to(tl.int64) * stride_we + o_n[None, :] * I + o_k[:, None]
+    if FP8:
+        kg = tl.cdiv(I, G)
+        p_as = act_s + row * tl.cdiv(I, BLOCK_K)  # the intermediate's scales: one per BLOCK_K columns
+        if e == E:
+            p_sb = shared2_s + (o_n // G) * kg
+        else:
+            p_sb = w2_s + e.to(tl.int64) * stride_se + (o_n // G) * kg
     b_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, I, BLOCK_K):
         m_k = o_k < I - k0
         b_a = tl.load(p_a, mask=m_row[:, None] & m_k[None, :], other=0.0)
-        b_acc = mma(b_a, tl.load(p_b, mask=m_k[:, None] & m_n[None, :], other=0.0), b_acc, INTERPRET)
+        if FP8:
+            s_a = tl.load(p_as + k0 // BLOCK_K, mask=m_row, other=0.0)
+            s_b = tl.load(p_sb + k0 // G, mask=m_n, other=0.0)
+            b_acc += mma(b_a, tl.load(p_b, mask=m_k[:, None] & m_n[None, :], other=0.0),
+                         tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), INTERPRET) * s_a[:, None] * s_b[None, :]
+        else:
+            b_acc = mma(b_a, tl.load(p_b, mask=m_k[:, None] & m_n[None, :], other=0.0), b_acc, INTERPRET)
         p_a += BLOCK_K
         p_b += BLOCK_K
     b_acc *= tl.load(weights + pair, mask=m_row, other=0.0)[:, None]
@@ -237,6 +282,62 @@ def _combine_kernel(y, residual, out, T, H, NP: tl.constexpr, HAS_RES: tl.conste
     for j in tl.static_range(NP):
         b_acc += tl.load(y + (t.to(tl.int64) * NP + j) * H + o_h, mask=m_h, other=0.0).to(tl.float32)
     tl.store(out + t.to(tl.int64) * H + o_h, b_acc.to(out.dtype.element_ty), mask=m_h)
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Each token's (token, expert) pairs and, for large batches, their expert-sorted order."""
+    pairs_per_token: int  # top_k, + 1 with a shared expert
+    num_pairs: int
+    num_m: int  # M-blocks the grouped GEMMs launch over
+    act_rows: int  # rows of the intermediate
+    ids: torch.Tensor  # [T, NP] expert of each pair (the shared expert is E)
+    weights: torch.Tensor  # [T, NP] float32 routing weight of each pair
+    sorted_pair: torch.Tensor  # [num_m * BLOCK_M] pair of each sorted row (sorted) or ids
+    block_expert: torch.Tensor  # [num_m] expert of each M-block (sorted) or ids
+
+
+def route(x: torch.Tensor, router_w: torch.Tensor, shared_gate_w: torch.Tensor | None, top_k: int, E: int,
+          cfg: MoEConfig) -> Routing:
+    """Launches 1-3 of the module docstring: router logits, top-k and, when `cfg.sorted`, the
+    pairs grouped by expert and padded to BLOCK_M."""
+    T, H = x.shape
+    has_shared = shared_gate_w is not None
+    NP = top_k + int(has_shared)
+    NE = E + int(has_shared)
+    num_pairs = T * NP
+    dev = x.device
+    logits = torch.empty(T, NE, dtype=torch.float32, device=dev)
+    # Few tokens: narrow expert tiles spread the router's bytes over many SMs; many tokens: wide
+    # tiles so x and the router are re-read from L2 fewer times.
+    block_te = 16 if T <= 64 else 64
+    _logits_kernel[(triton.cdiv(T, block_te), triton.cdiv(NE, block_te))](
+        x, router_w, shared_gate_w if has_shared else router_w, logits, T, H, x.stride(0), logits.stride(0),
+        E=E, HAS_GATE=has_shared, BLOCK_T=block_te, BLOCK_E=block_te, BLOCK_H=128)
+
+    ids = torch.empty(T, NP, dtype=torch.int32, device=dev)
+    weights = torch.empty(T, NP, dtype=torch.float32, device=dev)
+    bins = triton.next_power_of_2(NE + 1)
+    counts = torch.zeros(bins, dtype=torch.int32, device=dev) if cfg.sorted else ids
+    # One token per single-warp program: every pick's reduction stays inside the warp (shuffles,
+    # no shared memory); with more warps or rows Triton splits the experts across warps.
+    _topk_kernel[(T,)](
+        logits, ids, weights, counts, T, logits.stride(0), E=E, TOP_K=top_k, HAS_SHARED=has_shared,
+        COUNT=cfg.sorted, BLOCK_T=1, BLOCK_E=triton.next_power_of_2(E),
+        BLOCK_P=triton.next_power_of_2(NP), num_warps=1)
+
+    if not cfg.sorted:
+        # each pair is its own block: the intermediate is in pair order
+        return Routing(NP, num_pairs, num_pairs, num_pairs, ids, weights, ids, ids)
+    # Worst case of padded M-blocks: every expert's last block may be partial.
+    num_m = triton.cdiv(num_pairs, cfg.block_m) + NE
+    sorted_pair = torch.full((num_m * cfg.block_m,), num_pairs, dtype=torch.int32, device=dev)
+    block_expert = torch.empty(num_m, dtype=torch.int32, device=dev)
+    cursor = torch.empty(NE, dtype=torch.int32, device=dev)
+    _align_kernel[(1,)](counts, cursor, block_expert, num_m, NE=NE, BLOCK_M=cfg.block_m, BINS=bins,
+                        BLOCK_J=max(16, min(64, 16384 // bins)))
+    _scatter_kernel[(triton.cdiv(num_pairs, 1024),)](ids, cursor, sorted_pair, num_pairs, BLOCK=1024)
+    return Routing(NP, num_pairs, num_m, num_m * cfg.block_m, ids, weights, sorted_pair, block_expert)
 
 
 def _check(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int,
@@ -280,59 +381,23 @@ def fused_moe(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w2: to
         return (torch.empty_like(x) if residual is None else residual.clone()) if out is None else out
     E, I = w13.shape[0], w13.shape[1] // 2
     has_shared = shared_w13 is not None
-    NP = top_k + int(has_shared)
-    NE = E + int(has_shared)
-    num_pairs = T * NP
     dev = x.device
     cfg = config or config_for(T, E, I, _device_name(dev.index or 0) if dev.type == "cuda" and not INTERPRET else None)
+    r = route(x, router_w, shared_gate_w, top_k, E, cfg)
 
-    logits = torch.empty(T, NE, dtype=torch.float32, device=dev)
-    # Few tokens: narrow expert tiles spread the router's bytes over many SMs; many tokens: wide
-    # tiles so x and the router are re-read from L2 fewer times.
-    block_te = 16 if T <= 64 else 64
-    _logits_kernel[(triton.cdiv(T, block_te), triton.cdiv(NE, block_te))](
-        x, router_w, shared_gate_w if has_shared else router_w, logits, T, H, x.stride(0), logits.stride(0),
-        E=E, HAS_GATE=has_shared, BLOCK_T=block_te, BLOCK_E=block_te, BLOCK_H=128)
-
-    ids = torch.empty(T, NP, dtype=torch.int32, device=dev)
-    weights = torch.empty(T, NP, dtype=torch.float32, device=dev)
-    bins = triton.next_power_of_2(NE + 1)
-    counts = torch.zeros(bins, dtype=torch.int32, device=dev) if cfg.sorted else ids
-    # One token per single-warp program: every pick's reduction stays inside the warp (shuffles,
-    # no shared memory); with more warps or rows Triton splits the experts across warps.
-    _topk_kernel[(T,)](
-        logits, ids, weights, counts, T, logits.stride(0), E=E, TOP_K=top_k, HAS_SHARED=has_shared,
-        COUNT=cfg.sorted, BLOCK_T=1, BLOCK_E=triton.next_power_of_2(E),
-        BLOCK_P=triton.next_power_of_2(NP), num_warps=1)
-
-    if cfg.sorted:
-        # Worst case of padded M-blocks: every expert's last block may be partial.
-        num_m = triton.cdiv(num_pairs, cfg.block_m) + NE
-        sorted_pair = torch.full((num_m * cfg.block_m,), num_pairs, dtype=torch.int32, device=dev)
-        block_expert = torch.empty(num_m, dtype=torch.int32, device=dev)
-        cursor = torch.empty(NE, dtype=torch.int32, device=dev)
-        _align_kernel[(1,)](counts, cursor, block_expert, num_m, NE=NE, BLOCK_M=cfg.block_m, BINS=bins,
-                            BLOCK_J=max(16, min(64, 16384 // bins)))
-        _scatter_kernel[(triton.cdiv(num_pairs, 1024),)](ids, cursor, sorted_pair, num_pairs, BLOCK=1024)
-        act_rows = num_m * cfg.block_m
-    else:
-        num_m = num_pairs
-        sorted_pair = block_expert = ids  # unused: each pair is its own block
-        act_rows = num_pairs
-
-    act = torch.empty(act_rows, I, dtype=x.dtype, device=dev)
+    act = torch.empty(r.act_rows, I, dtype=x.dtype, device=dev)
     s13 = shared_w13 if has_shared else w13
     s2 = shared_w2 if has_shared else w2
-    _gate_up_kernel[(num_m * triton.cdiv(I, cfg.block_n),)](
-        x, w13, s13, act, sorted_pair, block_expert, ids, num_pairs, num_m, H, I,
+    _gate_up_kernel[(r.num_m * triton.cdiv(I, cfg.block_n),)](
+        x, w13, s13, act, r.sorted_pair, r.block_expert, r.ids, r.num_pairs, r.num_m, H, I,
         x.stride(0), w13.stride(0), act.stride(0),
-        E=E, NP=NP, SORTED=cfg.sorted, GROUP_M=cfg.group_m,
+        E=E, NP=r.pairs_per_token, SORTED=cfg.sorted, GROUP_M=cfg.group_m,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    y = torch.empty(num_pairs, H, dtype=x.dtype, device=dev)
+    y = torch.empty(r.num_pairs, H, dtype=x.dtype, device=dev)
     dn = cfg.down_block_n or cfg.block_n
-    _down_kernel[(num_m * triton.cdiv(H, dn),)](
-        act, w2, s2, y, weights, sorted_pair, block_expert, ids, num_pairs, num_m, H, I,
+    _down_kernel[(r.num_m * triton.cdiv(H, dn),)](
+        act, w2, s2, y, r.weights, r.sorted_pair, r.block_expert, r.ids, r.num_pairs, r.num_m, H, I,
         act.stride(0), w2.stride(0), y.stride(0),
         E=E, SORTED=cfg.sorted, GROUP_M=cfg.group_m,
         BLOCK_M=cfg.block_m, BLOCK_N=dn, BLOCK_K=cfg.block_k,
@@ -341,6 +406,6 @@ def fused_moe(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w2: to
         out = torch.empty_like(x)
     elif out.shape != x.shape or not out.is_contiguous():
         raise ValueError(f"fused_moe: out {tuple(out.shape)} must be contiguous and match x {tuple(x.shape)}")
-    _combine_kernel[(T, triton.cdiv(H, 1024))](y, residual if residual is not None else x, out, T, H, NP=NP,
-                                              HAS_RES=residual is not None, BLOCK_H=1024)
+    _combine_kernel[(T, triton.cdiv(H, 1024))](y, residual if residual is not None else x, out, T, H,
+                                              NP=r.pairs_per_token, HAS_RES=residual is not None, BLOCK_H=1024)
     return out
