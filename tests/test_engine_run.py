@@ -123,7 +123,7 @@ def test_ideal_allocator_uses_less_of_the_pool():
 @pytest.mark.parametrize("args,match", [
     (["--gmu", "0"], "gmu must be in \\(0, 1\\]"),
     (["--gmu", "1.5"], "gmu must be in \\(0, 1\\]"),
-    (["--model", "qwen-9000"], "unknown model 'qwen-9000'; valid: qwen3-next-80b-a3b, qwen3.5-27b, qwen3.5-35b-a3b, qwen3.5-35b-a3b-fp8, qwen3.5-397b-a17b"),
+    (["--model", "qwen-9000"], "unknown model 'qwen-9000'; valid: qwen3-next-80b-a3b, qwen3.5-27b, qwen3.5-35b-a3b, qwen3.5-35b-a3b-fp8, qwen3.5-397b-a17b, qwen3.5-397b-a17b-fp8"),
     (["--policy", "keep_some"], "unknown polic.* 'keep_some'; valid: none, reconstruct, reconstruct_deferred, replay, store_all"),
     (["--model", "qwen3.5-397b-a17b", "--gmu", "0.6"], r"GiB missing"),
     (["--set", "engine.bogus=1"], "engine.bogus"),

@@ -37,15 +37,40 @@ def test_fp8_bytes_are_bf16_less_a_byte_per_quantised_element_plus_float32_scale
         + len(_ffn_projections(fp8)) * (fp8.num_layers + 1)
 
 
-def test_fp8_override_equals_the_fp8_model_and_scales_with_tensor_parallel():
-    named = load_model("qwen3.5-35b-a3b-fp8")
-    over = load_model("qwen3.5-35b-a3b", {"weights": "fp8"})
+@pytest.mark.parametrize("base", ["qwen3.5-35b-a3b", "qwen3.5-397b-a17b"])
+def test_fp8_override_equals_the_fp8_model_and_scales_with_tensor_parallel(base):
+    named = load_model(f"{base}-fp8")
+    over = load_model(base, {"weights": "fp8"})
     assert over.weight_bytes_per_gpu == named.weight_bytes_per_gpu
-    assert over.calibration_name == named.calibration_name == "qwen3.5-35b-a3b-fp8"
-    assert load_model("qwen3.5-35b-a3b").calibration_name == "qwen3.5-35b-a3b"
-    tp2 = load_model("qwen3.5-35b-a3b-fp8", {"tensor_parallel": 2})
-    assert tp2.weight_bytes_per_gpu == math.ceil(named.weight_bytes_per_gpu / 2)
-    assert named.projection_weight_bytes == 1 and load_model("qwen3.5-35b-a3b").projection_weight_bytes == 2
+    assert over.calibration_name == named.calibration_name == f"{base}-fp8"
+    assert load_model(base).calibration_name == base
+    tp = named.tensor_parallel
+    tp2 = load_model(f"{base}-fp8", {"tensor_parallel": 2 * tp})
+    assert tp2.weight_bytes_per_gpu == math.ceil(named.weight_bytes_per_gpu * tp / (2 * tp))
+    assert named.projection_weight_bytes == 1 and load_model(base).projection_weight_bytes == 2
+
+
+def test_397b_fp8_shards_its_tensor_list_over_eight_gpus():
+    # Shapes as the bf16 checkpoint's, served at TP 8 as it is: 45 GDN and 15 attention layers, 512
+    # experts of width 1024, the MTP layer; 24.5 M float32 scales on 400.7 G fp8 elements.
+    bf16, fp8 = load_model("qwen3.5-397b-a17b"), load_model("qwen3.5-397b-a17b-fp8")
+    assert fp8.tensor_parallel == bf16.tensor_parallel == 8
+    q = quantised_projections(fp8)
+    elements = sum(o * i for o, i in q)
+    scales = sum(math.ceil(o / FP8_BLOCK) * math.ceil(i / FP8_BLOCK) for o, i in q)
+    assert (len(q), round(elements / 1e9, 1), round(scales / 1e6, 1)) == (94_078, 400.7, 24.5)
+    model_wide = bf16.total_params * 2 - elements + SCALE_BYTES * scales
+    assert fp8.weight_bytes_per_gpu == math.ceil(math.ceil(model_wide) / 8)
+    assert 49.0e9 < fp8.weight_bytes_per_gpu < 49.5e9  # 393.4 GB over 8 GPUs against bf16's 794
+
+
+def test_397b_fp8_fits_where_the_bf16_checkpoint_does_not():
+    hw = load_hardware("h200")
+    eng = EngineConfig(gmu=0.6)
+    with pytest.raises(Exception, match="does not fit on h200 at gmu 0.6"):
+        memory_budget(load_model("qwen3.5-397b-a17b"), hw, eng)
+    fp8 = memory_budget(load_model("qwen3.5-397b-a17b-fp8"), hw, eng)
+    assert 27 * 2**30 < fp8.pool_bytes < 29 * 2**30
 
 
 def test_fp8_pool_is_larger_by_the_weight_bytes_at_the_same_gmu():
@@ -58,7 +83,8 @@ def test_fp8_pool_is_larger_by_the_weight_bytes_at_the_same_gmu():
     assert 31.5 < saved / 2**30 < 32.5
 
 
-@pytest.mark.parametrize("name,override", [("qwen3.5-35b-a3b-fp8", {}), ("qwen3.5-35b-a3b", {"weights": "fp8"})])
+@pytest.mark.parametrize("name,override", [("qwen3.5-35b-a3b-fp8", {}), ("qwen3.5-35b-a3b", {"weights": "fp8"}),
+                                           ("qwen3.5-397b-a17b-fp8", {})])
 def test_fp8_model_is_never_priced_from_bf16_tables(name, override):
     # No FP8 layer tables are measured yet: the FP8 checkpoint is priced by the roofline at
     # one byte per projection weight, and says so, while the bf16 one reads its tables.

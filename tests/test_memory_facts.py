@@ -84,7 +84,7 @@ def test_bad_gmu(gmu):
 
 def test_unknown_names_list_valid_ones(capsys):
     assert cli(["memory", "--model", "qwen9", "--policy", "store_all"]) == 2
-    assert "valid: qwen3-next-80b-a3b, qwen3.5-27b, qwen3.5-35b-a3b, qwen3.5-35b-a3b-fp8, qwen3.5-397b-a17b" in capsys.readouterr().err
+    assert "valid: qwen3-next-80b-a3b, qwen3.5-27b, qwen3.5-35b-a3b, qwen3.5-35b-a3b-fp8, qwen3.5-397b-a17b, qwen3.5-397b-a17b-fp8" in capsys.readouterr().err
     with pytest.raises(ConfigError, match=r"valid: none, reconstruct, .*replay, store_all"):
         load_policy("greedy")
 

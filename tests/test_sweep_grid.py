@@ -72,7 +72,7 @@ def test_valid_fields_come_from_run_config():
     ("axes: {policy: [replay, replay]}\n", "axis 'policy' repeats a value"),
     ("axes: {engine.gmu: [0.6, 1.5]}\n", "engine.gmu: Value error, gmu must be in (0, 1], got 1.5"),
     ("axes: {engine.admission: [full_prompt, lazy]}\n", "'full_prompt' or 'first_chunk'"),
-    ("axes: {model: [qwen3.5-35b-a3b, gpt-5]}\n", "unknown model 'gpt-5'; valid: qwen3-next-80b-a3b, qwen3.5-27b, qwen3.5-35b-a3b, qwen3.5-35b-a3b-fp8, qwen3.5-397b-a17b"),
+    ("axes: {model: [qwen3.5-35b-a3b, gpt-5]}\n", "unknown model 'gpt-5'; valid: qwen3-next-80b-a3b, qwen3.5-27b, qwen3.5-35b-a3b, qwen3.5-35b-a3b-fp8, qwen3.5-397b-a17b, qwen3.5-397b-a17b-fp8"),
     ("axes: {policy: [store_al]}\n", "'store_al'; valid: none, reconstruct, reconstruct_deferred, replay, store_all"),
     ("fixed: {workload: sharegpt}\n", "'workload' cannot be set in a grid; it is chosen with --workload"),
     ("fixed: {seed: 1}\naxes: {seed: [1, 2]}\n", "['seed'] are both fixed and an axis"),
