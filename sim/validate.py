@@ -1,8 +1,8 @@
 """`specsim validate`: every expressible published run of `validation/real/` simulated and compared.
 
 For each case that the simulator can express, `specsim run` of its RunConfig (sim.validate_cases)
-writes `runs/<case>/`; guidellm's metrics of that run (sim.guidellm_metrics) are compared with the
-published ones. Outputs in `--out`: `validation.csv` (case, metric, real, simulated, ratio =
+writes `runs/<case>/`; its client's metrics of that run (guidellm's or `vllm bench serve`'s,
+sim.validate_metrics) are compared with the published ones. Outputs in `--out`: `validation.csv` (case, metric, real, simulated, ratio =
 simulated / real), `validation.json` (per case: its source, every metric's real, simulated and
 ratio, the run's summary.json path; the cases not expressible with their reasons) and
 `figures/validation.png` / `.pdf` (simulated against real per metric, log-log, identity line).
@@ -21,10 +21,10 @@ from typing import Any
 
 from core.config import REPO_ROOT
 from core.files import StagedOutput, atomic_write_text
-from sim.guidellm_metrics import guidellm_metrics
 from sim.run import simulate
-from sim.validate_cases import COMPARED, Case, load_cases
+from sim.validate_cases import Case, load_cases
 from sim.validate_client import OVERHEAD_FILE, load_overhead
+from sim.validate_metrics import compared, left_out, simulated_metrics
 
 DEFAULT_REAL = REPO_ROOT / "validation" / "real"
 OUT_FILES = ("validation.csv", "validation.json")
@@ -32,9 +32,9 @@ CSV_COLUMNS = ("case", "metric", "real", "simulated", "ratio")
 
 
 def compare(case: Case, metrics: dict[str, float]) -> list[dict[str, Any]]:
-    """One row per published metric that a simulated run has, in COMPARED's order."""
+    """One row per compared published metric that a simulated run has (sim.validate_metrics.compared)."""
     rows = []
-    for metric, sim_key in COMPARED.items():
+    for metric, sim_key in compared(case.client).items():
         if metric not in case.reported or sim_key not in metrics:
             continue
         real, simulated = float(case.reported[metric]), float(metrics[sim_key])
@@ -48,7 +48,7 @@ def run_case(case: Case, source: Path, run_dir: Path,
              overhead: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     summary = simulate(case.run_config(str(source), overhead), run_dir)
     with (run_dir / "requests.csv").open(newline="") as f:
-        metrics = guidellm_metrics(csv.DictReader(f), summary["duration_s"])
+        metrics = simulated_metrics(case.client.tool, csv.DictReader(f), summary)
     return summary, compare(case, metrics)
 
 
@@ -80,10 +80,13 @@ def validate_all(real: Path, out: Path, progress: bool = True,
             summary, case_rows = run_case(case, path, run_dir, overhead)
             rows += case_rows
             report["cases"][case.name] = {
-                "file": str(path), "source": case.source.model_dump(), "summary": str(out / "runs" / case.name / "summary.json"),
+                "file": str(path), "source": case.source.model_dump(), "client": case.client.tool,
+                "summary": str(out / "runs" / case.name / "summary.json"),
                 "latency_source": summary["latency_source"], "latency_terms": summary["latency_terms"],
-                "client": {k: summary["engine_semantics"][f"client_{k}"] for k in ("round_trip_s", "tokenize_s_per_token")},
+                "client_overhead": {k: summary["engine_semantics"][f"client_{k}"]
+                                    for k in ("round_trip_s", "tokenize_s_per_token")},
                 "metrics": {r["metric"]: {k: r[k] for k in ("real", "simulated", "ratio")} for r in case_rows},
+                "not_compared": left_out(case.client, case.reported),
             }
         atomic_write_text(staged.path / "validation.csv", _csv_text(rows))
         atomic_write_text(staged.path / "validation.json", json.dumps(report, indent=2) + "\n")

@@ -2,12 +2,14 @@
 
 A case names its source (repository, path, section, engine version), the model and GPU, the
 engine settings by dotted RunConfig path (as `specsim run --set` takes them), the client
-(guidellm's constant profile) and dataset that produced it, and the numbers as published
-(`reported`). A case the simulator cannot run says why in `not_expressible`. Nothing here is
-fitted to the reported numbers: they only check what the GPU measurements predict.
+that produced it (guidellm's constant profile, or vLLM's own `vllm bench serve`) and its
+dataset, and the numbers as published (`reported`, names in sim.validate_metrics). A case
+the simulator cannot run says why in `not_expressible`. Nothing here is fitted to the
+reported numbers: they only check what the GPU measurements predict.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -15,22 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from core.config import ConfigError, RunConfig, read_yaml, validate
 from sim.validate_client import client_overhead
+from sim.validate_metrics import CLIENT_TOOLS, known_metrics
 from workloads.guidellm import CHAT_TEMPLATE_TOKENS
 
-# Published metric names (GPUStack's "Serving Benchmark Result" lines) -> guidellm_metrics' names
-# of the same quantity in a simulated run. GPUStack's "TPOT (excl. 1st token)" is guidellm's
-# inter-token latency; its "ITL" and the peaks are kept as published but not compared (docs/guidellm.md).
-COMPARED: dict[str, str] = {
-    "successful_requests": "successful_requests", "duration_s": "duration_s",
-    "total_input_tokens": "total_input_tokens", "total_output_tokens": "total_output_tokens",
-    "request_throughput": "request_throughput", "output_throughput_tok_s": "output_throughput_tok_s",
-    "total_throughput_tok_s": "total_throughput_tok_s",
-    **{f"latency_{s}_s": f"latency_{s}_s" for s in ("mean", "median", "p95", "p99")},
-    **{f"ttft_{s}_ms": f"ttft_{s}_ms" for s in ("mean", "median", "p95", "p99")},
-    **{f"tpot_{s}_ms": f"itl_{s}_ms" for s in ("mean", "median", "p95", "p99")},
-}
-NOT_COMPARED = ("max_concurrency", "peak_output_throughput_tok_s", "peak_concurrent_requests",
-                *(f"itl_{s}_ms" for s in ("mean", "median", "p95", "p99")))
 GUIDELLM_MAX_CONCURRENCY = 512  # guidellm's settings.max_concurrency (docs/guidellm.md)
 
 
@@ -44,16 +33,37 @@ class Source(_Strict):
     section: str  # the document's headings down to the result block, as published
     engine: str  # e.g. "vllm 0.17.1"
     commit: str | None = None  # the repository's commit the numbers were copied from
+    date: str | None = None  # when the numbers were published (a pull request's description: its date)
     backend_parameters: str = ""  # the server flags the document lists for the run
 
 
-class Client(_Strict):
+class GuidellmClient(_Strict):
     tool: Literal["guidellm"]
     version: str
     profile: Literal["constant"]
     rate: float = Field(gt=0)  # requests per second
     requests: int = Field(gt=0)
     max_concurrency: int = Field(GUIDELLM_MAX_CONCURRENCY, gt=0)
+    # Whether the client timed the chunks that carry the model's reasoning. guidellm times the
+    # streamed chunks its response handler counts; GPUStack's handler counts `content` and
+    # `reasoning_content`, and vLLM 0.17 streams a reasoning parser's thinking as `reasoning`,
+    # so those runs timed the answer only and their per-token rows are not decode times
+    # (docs/guidellm.md#metrics): false leaves them out of the comparison.
+    reasoning_timed: bool = True
+
+
+class VllmBenchClient(_Strict):
+    """`vllm bench serve` (vllm/benchmarks/serve.py, docs/vllm.md#serving-benchmark)."""
+
+    tool: Literal["vllm-bench"]
+    version: str  # the vLLM release or commit whose client it was
+    backend: Literal["openai"] = "openai"  # /v1/completions: the prompt as sampled, no chat template
+    request_rate: float = Field(math.inf, gt=0)  # --request-rate (inf: every request ready at once)
+    burstiness: float = Field(1.0, gt=0)  # --burstiness: Gamma shape of the gaps, 1 = Poisson
+    max_concurrency: int | None = Field(None, gt=0)  # --max-concurrency: the client's semaphore
+    requests: int = Field(gt=0)  # --num-prompts
+    num_warmups: int = Field(0, ge=0)  # --num-warmups: sent and finished before the timed run starts
+    ignore_eos: bool  # --ignore-eos: every request generates its dataset's output length
 
 
 class RandomData(_Strict):
@@ -64,8 +74,19 @@ class RandomData(_Strict):
 
 
 class ShareGPTData(_Strict):
+    """ShareGPT as the case's client samples it: guidellm takes the first turns in file order,
+    `vllm bench serve` shuffles with `seed` (its --seed) and filters (workloads/sharegpt.py)."""
+
     kind: Literal["sharegpt"]
     file: str = "ShareGPT_V3_unfiltered_cleaned_split.json"
+    output_len: int | None = Field(None, gt=0)  # vllm bench's --sharegpt-output-len: every output this long
+    seed: int = 0
+    # vllm bench counts with the served model's tokenizer (workloads/schema.py ShareGPTSpec.tokenizer);
+    # guidellm's ShareGPT is always counted with Qwen3.5's (workloads/guidellm.py)
+    tokenizer: str | None = None
+
+
+Client = Union[GuidellmClient, VllmBenchClient]
 
 
 class Case(_Strict):
@@ -76,7 +97,7 @@ class Case(_Strict):
     num_speculative_tokens: int | None = Field(None, ge=0)
     set: dict[str, Any] = Field(default_factory=dict)  # RunConfig fields by dotted path
     why: dict[str, str] = Field(default_factory=dict)  # the reason for each `set` value
-    client: Client
+    client: Client = Field(discriminator="tool")
     dataset: Union[RandomData, ShareGPTData] = Field(discriminator="kind")
     reported: dict[str, float]
     not_expressible: str | None = None  # why the simulator cannot run this case (it is then skipped)
@@ -89,27 +110,20 @@ class Case(_Strict):
     def mean_prompt_tokens(self) -> float:
         """Prompt tokens per request as the server counts them (the published total where there is one)."""
         if isinstance(self.dataset, RandomData):
-            return self.dataset.prompt_tokens + CHAT_TEMPLATE_TOKENS
+            return self.dataset.prompt_tokens + (CHAT_TEMPLATE_TOKENS if self.client.tool == "guidellm" else 0)
         total = self.reported.get("total_input_tokens")
         return total / self.client.requests if total else 0.0  # 0: the smallest measured size
 
     def run_config(self, source: str, overhead: dict[str, Any] | None = None) -> RunConfig:
         """The RunConfig that reproduces this case's server, client and data; `overhead`
         (sim.validate_client.load_overhead) charges the API server's time outside the engine."""
-        data: dict[str, Any] = {
-            "model": self.model, "hardware": self.hardware, "num_requests": self.client.requests,
-            "client": {"request_rate": self.client.rate, "arrival_process": "constant",
-                       "max_concurrency": self.client.max_concurrency,
-                       **(client_overhead(self.mean_prompt_tokens, overhead) if overhead else {})},
-        }
+        data: dict[str, Any] = {"model": self.model, "hardware": self.hardware, "num_requests": self.client.requests,
+                                "client": self._client_fields(source)}
+        if overhead:
+            data["client"].update(client_overhead(self.mean_prompt_tokens, overhead))
         if self.num_speculative_tokens is not None:
             data["num_speculative_tokens"] = self.num_speculative_tokens
-        if isinstance(self.dataset, RandomData):
-            data.update(workload="guidellm-random", seed=self.dataset.seed,
-                        workload_overrides={"prompt_tokens": self.dataset.prompt_tokens,
-                                            "output_tokens": self.dataset.output_tokens})
-        else:
-            data["workload"] = "guidellm-sharegpt"
+        data.update(self._workload_fields(source))
         for key, value in self.set.items():
             node = data
             *parents, leaf = key.split(".")
@@ -120,6 +134,35 @@ class Case(_Strict):
             node[leaf] = value
         return validate(RunConfig, data, f"{source}: set")
 
+    def _client_fields(self, source: str) -> dict[str, Any]:
+        c = self.client
+        if isinstance(c, GuidellmClient):
+            return {"request_rate": c.rate, "arrival_process": "constant", "max_concurrency": c.max_concurrency}
+        if not c.ignore_eos:
+            raise ConfigError(f"{source}: client.ignore_eos: false lets the model stop where it would, which "
+                              "is not modelled; allowed: true (or keep the case with not_expressible)")
+        # vLLM's get_request: Gamma gaps rescaled to end at n / rate, or all at once for rate inf
+        # (sim.run: a client without a rate sends every request at t = 0, under the semaphore).
+        fields: dict[str, Any] = {"max_concurrency": c.max_concurrency, "burstiness": c.burstiness}
+        if math.isfinite(c.request_rate):
+            fields["request_rate"] = c.request_rate
+        return fields
+
+    def _workload_fields(self, source: str) -> dict[str, Any]:
+        d, vllm = self.dataset, self.client.tool == "vllm-bench"
+        if isinstance(d, RandomData):
+            return {"workload": "synthetic-fixed" if vllm else "guidellm-random", "seed": d.seed,
+                    "workload_overrides": {"prompt_tokens": d.prompt_tokens, "output_tokens": d.output_tokens}}
+        if vllm:
+            fields = {"output_len": d.output_len, "tokenizer": d.tokenizer}
+            return {"workload": "sharegpt", "seed": d.seed,
+                    "workload_overrides": {k: v for k, v in fields.items() if v is not None}}
+        for field, what in (("output_len", "vllm bench's --sharegpt-output-len"), ("tokenizer", "vllm bench's")):
+            if getattr(d, field) is not None:
+                raise ConfigError(f"{source}: dataset.{field}: {what}, allowed only with client.tool vllm-bench "
+                                  "(guidellm's ShareGPT asks for each reply's length, counted with Qwen3.5's tokenizer)")
+        return {"workload": "guidellm-sharegpt"}
+
 
 def _one_line(path: Path, err: ValidationError) -> str:
     """The first problem, as `file: field: message` on one line."""
@@ -129,6 +172,9 @@ def _one_line(path: Path, err: ValidationError) -> str:
     msg = e["msg"]
     if e["type"] == "extra_forbidden":
         msg = "unknown field"
+    elif e["type"] in ("union_tag_invalid", "union_tag_not_found") and loc == "client":
+        tool = e["input"].get("tool") if isinstance(e["input"], dict) else None
+        loc, msg = "client.tool", f"{tool!r} is not a client; valid: {', '.join(CLIENT_TOOLS)}"
     return f"{path}: {loc}: {msg}{more}"
 
 
@@ -138,10 +184,11 @@ def load_case(path: Path) -> Case:
         case = Case.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_one_line(path, e)) from None
-    unknown = sorted(set(case.reported) - set(COMPARED) - set(NOT_COMPARED))
+    valid = known_metrics(case.client.tool)
+    unknown = sorted(set(case.reported) - set(valid))
     if unknown:
-        raise ConfigError(f"{path}: reported.{unknown[0]}: unknown metric; valid: "
-                          f"{', '.join([*COMPARED, *NOT_COMPARED])}")
+        raise ConfigError(f"{path}: reported.{unknown[0]}: unknown metric of {case.client.tool}; "
+                          f"valid: {', '.join(valid)}")
     if case.expressible:
         try:
             case.run_config(str(path))

@@ -33,7 +33,8 @@ from pathlib import Path
 
 from core.files import atomic_write_text
 from sim.sweep import git_describe
-from workloads.guidellm import CHAT_TEMPLATE_TOKENS, _qwen
+from workloads.guidellm import CHAT_TEMPLATE_TOKENS
+from workloads.qwen_tokens import _qwen
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = (128, 1024, 4096, 32000)  # the validation cases' prompts: ShareGPT's few hundred, 1,000 / 1,024, 32,000

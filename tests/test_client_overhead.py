@@ -12,7 +12,7 @@ from sim.request import Request
 from sim.validate_cases import load_cases
 from sim.validate_client import OVERHEAD_FILE, client_overhead, load_overhead
 from sim.validate_client_measure import _loopback, prompt_of
-from workloads.guidellm import _qwen
+from workloads.qwen_tokens import _qwen
 from workloads.base import RequestSpec
 
 

