@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.config import ModelConfig
+from core.projections import (Projection, attention_projections, elements, gdn_projections, mlp_projections,
+                              moe_projections)
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class LayerShapes:
     mtp_depth: int
     mlp_width: int = 0  # a dense model's MLP intermediate width on this GPU (0: the MoE above)
     rotary_fraction: float = 0.25  # partial RoPE: the fraction of each head's channels it turns
+    gated: bool = True  # attention's q_proj also emits an output gate
 
     @classmethod
     def from_model(cls, m: ModelConfig) -> "LayerShapes":
@@ -60,7 +63,17 @@ class LayerShapes:
             vocab=-(-m.vocab_size // tp),
             gdn_layers=m.gdn_layers, attn_layers=m.attn_layers, mtp_depth=m.mtp_depth,
             mlp_width=m.mlp.intermediate_size // tp if m.mlp else 0, rotary_fraction=a.partial_rotary_factor,
+            gated=a.gated,
         )
+
+    # -- one layer's projections on this GPU (core/projections.py)
+    @property
+    def gdn_projections(self) -> list[Projection]:
+        return gdn_projections(self.hidden, self.gdn_k_heads, self.gdn_v_heads, self.head_k_dim, self.head_v_dim)
+
+    @property
+    def attn_projections(self) -> list[Projection]:
+        return attention_projections(self.hidden, self.q_heads, self.kv_heads, self.head_dim, self.gated)
 
     # -- GDN
     @property
@@ -78,13 +91,13 @@ class LayerShapes:
     @property
     def gdn_in_features(self) -> int:
         """in_proj outputs: q, k, v (conv channels), the output gate z, then b and a per v-head."""
-        return self.gdn_conv_channels + self.gdn_v_channels + 2 * self.gdn_v_heads
+        return sum(p.out for p in self.gdn_projections if p.name.startswith("in_proj"))
 
     # -- attention
     @property
     def qkv_features(self) -> int:
-        """Gated attention: q_proj emits the query and a same-sized gate, then k and v."""
-        return 2 * self.q_heads * self.head_dim + 2 * self.kv_heads * self.head_dim
+        """q_proj's query (and, gated, a same-sized gate), then k and v."""
+        return sum(p.out for p in self.attn_projections if p.name != "o_proj")
 
     @property
     def rotary_dim(self) -> int:
@@ -108,22 +121,20 @@ class LayerShapes:
     # -- weight bytes per layer on this GPU (bf16), for L2 rotation and roofline counts
     @property
     def gdn_weight_bytes(self) -> int:
-        return 2 * (self.hidden * self.gdn_in_features + self.gdn_v_channels * self.hidden
-                    + self.gdn_conv_channels * self.conv_kernel)
+        return 2 * (elements(self.gdn_projections) + self.gdn_conv_channels * self.conv_kernel)
 
     @property
     def attn_weight_bytes(self) -> int:
-        return 2 * (self.hidden * self.qkv_features + self.q_heads * self.head_dim * self.hidden)
+        return 2 * elements(self.attn_projections)
 
     @property
     def moe_weight_bytes(self) -> int:
-        experts = self.num_experts * 3 * self.hidden * self.expert_width
-        shared = 3 * self.hidden * self.shared_width + self.hidden
-        return 2 * (experts + shared + self.hidden * self.num_experts)
+        """Routed and shared experts, the shared expert's gate and the router."""
+        return 2 * elements(moe_projections(self.hidden, self.num_experts, self.expert_width, self.shared_width))
 
     @property
     def mlp_weight_bytes(self) -> int:
-        return 2 * 3 * self.hidden * self.mlp_width
+        return 2 * elements(mlp_projections(self.hidden, self.mlp_width))
 
     @property
     def ffn_weight_bytes(self) -> int:

@@ -21,6 +21,7 @@ import yaml
 from core.config import (CONFIG_DIR, DTYPE_BYTES, ConfigError, EngineConfig, ModelConfig, format_validation_error,
                          load_hardware, load_policy)
 from core.files import atomic_write_text
+from core.projections import attention_projections, elements, gdn_projections, mlp_projections, moe_projections
 from policies import make_policy
 
 # model_type of the config (or of its text_config) -> the family whose key names it uses.
@@ -128,15 +129,18 @@ def param_counts(m: dict[str, Any]) -> tuple[float, float]:
     every layer's mixer, norms and feed-forward block, and the MTP drafter layers (a vision encoder is not counted)."""
     h, g, a = m["hidden_size"], m["gdn"], m["attention"]
     qk, v = g["num_k_heads"] * g["head_k_dim"], g["num_v_heads"] * g["head_v_dim"]
-    gdn = h * (2 * qk + 2 * v + 2 * g["num_v_heads"]) + v * h + (2 * qk + v) * g["conv_kernel"] + 3 * g["num_v_heads"]
-    attn = h * (2 * a["num_q_heads"] + 2 * a["num_kv_heads"]) * a["head_dim"] + a["num_q_heads"] * a["head_dim"] * h
+    gdn = elements(gdn_projections(h, g["num_k_heads"], g["num_v_heads"], g["head_k_dim"], g["head_v_dim"])) \
+        + (2 * qk + v) * g["conv_kernel"] + 3 * g["num_v_heads"]
+    attn = elements(attention_projections(h, a["num_q_heads"], a["num_kv_heads"], a["head_dim"], a["gated"]))
     if "moe" in m:
         e = m["moe"]
-        expert = 3 * h * e["expert_width"]
-        shared = 3 * h * e["shared_experts"] * e.get("shared_expert_width", e["expert_width"]) + h
-        ffn, ffn_active = e["num_experts"] * expert + shared + h * e["num_experts"], e["top_k"] * expert + shared
+        shared_width = e["shared_experts"] * e.get("shared_expert_width", e["expert_width"])
+        ffn = elements(moe_projections(h, e["num_experts"], e["expert_width"], shared_width))
+        expert = elements(mlp_projections(h, e["expert_width"]))
+        # active: top_k routed experts, the shared expert and its gate; not the router
+        ffn_active = ffn - (e["num_experts"] - e["top_k"]) * expert - h * e["num_experts"]
     else:
-        ffn = ffn_active = 3 * h * m["mlp"]["intermediate_size"]
+        ffn = ffn_active = elements(mlp_projections(h, m["mlp"]["intermediate_size"]))
     pattern = m["layer_pattern"]
     per_period = sum(gdn if k == "gdn" else attn for k in pattern) + len(pattern) * 2 * h
     layers = m["num_layers"] // len(pattern)

@@ -7,7 +7,8 @@ import math
 import pytest
 
 from core.config import EngineConfig, load_hardware, load_model, load_policy
-from core.weight_bytes import FP8_BLOCK, SCALE_BYTES, _attn_projections, _ffn_projections, quantised_projections
+from core.projections import elements
+from core.weight_bytes import FP8_BLOCK, SCALE_BYTES, attn_quantised, block_scales, ffn_quantised, quantised_projections
 from policies import make_policy
 from sim.budget import memory_budget
 from sim.latency_factory import make_latency_model
@@ -17,24 +18,28 @@ def test_projection_shapes_match_a_published_fp8_tensor_count():
     # An FP8 export of Qwen3.5-35B-A3B that quantised every expert, shared expert and
     # attention projection (not GDN, no MTP) published 30,880 FP8 tensors of 32.61 GB.
     m = load_model("qwen3.5-35b-a3b-fp8")
-    tensors = _attn_projections(m) * m.attn_layers + _ffn_projections(m) * m.num_layers
-    assert len(tensors) == 30_880
-    assert round(sum(o * i for o, i in tensors) / 1e9, 2) == 32.61
+    attn, ffn = attn_quantised(m), ffn_quantised(m)
+    tensors = sum(p.count for p in attn) * m.attn_layers + sum(p.count for p in ffn) * m.num_layers
+    assert tensors == 30_880
+    assert round((elements(attn) * m.attn_layers + elements(ffn) * m.num_layers) / 1e9, 2) == 32.61
 
 
 def test_fp8_bytes_are_bf16_less_a_byte_per_quantised_element_plus_float32_scales():
     bf16, fp8 = load_model("qwen3.5-35b-a3b"), load_model("qwen3.5-35b-a3b-fp8")
     q = quantised_projections(fp8)
-    elements = sum(o * i for o, i in q)
-    scales = sum(math.ceil(o / FP8_BLOCK) * math.ceil(i / FP8_BLOCK) for o, i in q)
-    assert fp8.weight_bytes_per_gpu == math.ceil(bf16.weight_bytes_per_gpu - elements + SCALE_BYTES * scales)
-    # GDN's a/b projections (32 heads wide) cannot be block-quantised and stay bf16.
-    g = fp8.gdn
-    assert (g.num_v_heads, fp8.hidden_size) not in q
+    n_elements = sum(p.out * p.inp * p.count for p in q)
+    scales = sum(math.ceil(p.out / FP8_BLOCK) * math.ceil(p.inp / FP8_BLOCK) * p.count for p in q)
+    assert scales == block_scales(q) and n_elements == elements(q)
+    assert fp8.weight_bytes_per_gpu == math.ceil(bf16.weight_bytes_per_gpu - n_elements + SCALE_BYTES * scales)
+    # GDN's a/b projections (32 heads wide), the router and the shared-expert gate stay bf16.
+    assert {p.name for p in q} == {"in_proj_qkv", "in_proj_z", "out_proj", "q_proj", "k_proj", "v_proj", "o_proj",
+                                   "experts.gate_proj", "experts.up_proj", "experts.down_proj",
+                                   "shared_expert.gate_proj", "shared_expert.up_proj", "shared_expert.down_proj"}
     assert 35.0e9 < fp8.weight_bytes_per_gpu < 36.0e9
     # the MTP layer's attention and experts are in the list: one attention layer more than the target
-    assert len(q) == len(_attn_projections(fp8)) * (fp8.attn_layers + 1) + 3 * fp8.gdn_layers \
-        + len(_ffn_projections(fp8)) * (fp8.num_layers + 1)
+    per_attn, per_ffn = sum(p.count for p in attn_quantised(fp8)), sum(p.count for p in ffn_quantised(fp8))
+    assert sum(p.count for p in q) == per_attn * (fp8.attn_layers + 1) + 3 * fp8.gdn_layers \
+        + per_ffn * (fp8.num_layers + 1) == 31_745
 
 
 @pytest.mark.parametrize("base", ["qwen3.5-35b-a3b", "qwen3.5-397b-a17b"])
@@ -56,10 +61,9 @@ def test_397b_fp8_shards_its_tensor_list_over_eight_gpus():
     bf16, fp8 = load_model("qwen3.5-397b-a17b"), load_model("qwen3.5-397b-a17b-fp8")
     assert fp8.tensor_parallel == bf16.tensor_parallel == 8
     q = quantised_projections(fp8)
-    elements = sum(o * i for o, i in q)
-    scales = sum(math.ceil(o / FP8_BLOCK) * math.ceil(i / FP8_BLOCK) for o, i in q)
-    assert (len(q), round(elements / 1e9, 1), round(scales / 1e6, 1)) == (94_078, 400.7, 24.5)
-    model_wide = bf16.total_params * 2 - elements + SCALE_BYTES * scales
+    n_elements, scales = elements(q), block_scales(q)
+    assert (sum(p.count for p in q), round(n_elements / 1e9, 1), round(scales / 1e6, 1)) == (94_078, 400.7, 24.5)
+    model_wide = bf16.total_params * 2 - n_elements + SCALE_BYTES * scales
     assert fp8.weight_bytes_per_gpu == math.ceil(math.ceil(model_wide) / 8)
     assert 49.0e9 < fp8.weight_bytes_per_gpu < 49.5e9  # 393.4 GB over 8 GPUs against bf16's 794
 
