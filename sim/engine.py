@@ -36,7 +36,8 @@ from sim.metrics import StepLog
 from sim.pool import Pool
 from sim.request import Request, Status
 from sim.scheduler import Scheduler, StepPlan
-from sim.step_trace import BatchColumns, TracedRequest, assemble_columns
+from sim.step_prices import PricedStep, StepPrices
+from sim.step_trace import BatchColumns, BatchTotals, TracedRequest, column_totals
 from workloads.base import RequestSpec
 
 @dataclass
@@ -66,6 +67,9 @@ class Engine:
         # vLLM's capture sizes (sim.dispatch): fixed for the run, so asked once
         self.capture_sizes = capture_sizes(scheduler.max_seqs, scheduler.max_tokens, scheduler.verify_positions)
         self.async_scheduling = scheduler.async_scheduling
+        self.prices = StepPrices(latency, steps, verify_positions=scheduler.verify_positions,
+                                 draft_depth=self.draft_depth if self.spec_enabled else 0, sizes=self.capture_sizes,
+                                 full_graph_ok=not self.tree_forces_eager)
         self.on_done = lambda req: None  # the client's callback for finished requests
         self._wake: simpy.Event | None = None
 
@@ -88,8 +92,9 @@ class Engine:
         return True
 
     def run(self) -> Generator[simpy.Event, None, None]:
-        env, sched, latency, log = self.env, self.scheduler, self.latency, self.steps
-        term_sums = log.term_sums
+        env, sched, log, prices = self.env, self.scheduler, self.steps, self.prices
+        pool = sched.pool
+        rows, free = log.price_rows, log.free
         plan: StepPlan | None = None  # the step the GPU runs next
         while True:
             if plan is None:
@@ -102,28 +107,31 @@ class Engine:
                 if plan is None:
                     continue  # every running request was preempted; readmit them now
             now = env.now
-            batch = self._batch(plan)
-            st = latency.step_time(batch)
-            dt = st.total_s
-            for k, v in st.terms.items():
-                term_sums[k] += v
-            log.durations.append(dt)
-            log.request_steps += len(plan.scheduled)
-            log.usage.append(sched.pool.usage)
-            if batch.eager:
-                log.eager_steps += 1
+            totals = self._totals(plan)
             if log.trace:
-                log.events.extend((now, "preempt", r.rid) for r in plan.preempted)
-                log.events.extend((now, "admit", r.rid) for r in plan.admitted)
-                log.rows.append((now, dt, batch.num_seqs, batch.num_tokens, batch.prefill_tokens, batch.spec_seqs,
-                                 len(sched.running), len(sched.waiting), len(plan.preempted), sched.pool.used,
-                                 sched.pool.usage, st.mode))
-                log.record(now, batch, st)
+                batch = prices.batch(totals, self._traced(plan))
+                priced = prices.price(totals, batch)
+                self._trace_step(now, plan, batch, priced)
+            else:
+                priced = prices.price(totals)
+            rows.append(priced.row)
+            free.append(pool.free)
+            log.request_steps += len(plan.scheduled)
             # Async scheduling plans the next step now, from the outputs of the steps before this one.
             following = self._plan(now, step_in_flight=True) if self.async_scheduling else None
-            yield env.timeout(dt)
+            yield env.timeout(priced.duration_s)
             self._complete(plan, env.now)
             plan = following
+
+    def _trace_step(self, now: float, plan: StepPlan, batch: StepBatch, priced: PricedStep) -> None:
+        log, sched = self.steps, self.scheduler
+        st = log.price(priced.row)
+        log.events.extend((now, "preempt", r.rid) for r in plan.preempted)
+        log.events.extend((now, "admit", r.rid) for r in plan.admitted)
+        log.rows.append((now, priced.duration_s, batch.num_seqs, batch.num_tokens, batch.prefill_tokens,
+                         batch.spec_seqs, len(sched.running), len(sched.waiting), len(plan.preempted),
+                         sched.pool.used, sched.pool.usage, st.mode))
+        log.record(now, batch, st)
 
     def _plan(self, now: float, step_in_flight: bool) -> StepPlan | None:
         """The scheduler's next step; None when it holds no request (plan again later)."""
@@ -139,11 +147,22 @@ class Engine:
         sched = self.scheduler
         raise RuntimeError(f"engine stalled at t={now}: {len(sched.waiting)} waiting, nothing schedulable")
 
-    def _batch(self, plan: StepPlan) -> StepBatch:
-        """The StepBatch the latency model prices for this plan: the scheduled requests gathered
-        into columns over the batch (sim.step_trace.BatchColumns)."""
+    def _totals(self, plan: StepPlan) -> BatchTotals:
+        """The BatchTotals the latency model prices for this plan: the scheduled requests gathered
+        into columns over the batch (sim.step_trace.BatchColumns), or a lone request's own."""
         vp = self.scheduler.verify_positions
-        scheduled = plan.scheduled.values()
+        scheduled = plan.scheduled
+        if len(scheduled) == 1:  # concurrency 1: most steps of a closed loop at low load
+            (s,) = scheduled.values()
+            r, n, sp = s.req, s.tokens, s.spec
+            ctx = r.computed
+            replayed, flush = r.commit_state.verify_work() if sp and self.commit_state_kept else (0, True)
+            if sp:
+                return BatchTotals(1, n, 1, n == vp, 1, vp - n, replayed, 1 if flush else 0, ctx, ctx, ())
+            if n == 1 and ctx + 1 == r.prompt + r.generated:  # a 1-token decode
+                return BatchTotals(1, 1, 1, not self.spec_enabled, 0, 0, 0, 0, ctx, ctx, ())
+            return BatchTotals(1, n, 0, False, 0, 0, 0, 0, ctx, ctx, ((n, ctx),))
+        scheduled = scheduled.values()
         reqs = [s.req for s in scheduled]
         tokens = [s.tokens for s in scheduled]
         contexts = [r.computed for r in reqs]
@@ -158,19 +177,25 @@ class Engine:
         if self.commit_state_kept:
             work = [r.commit_state.verify_work() if sp else (0, True) for sp, r in zip(spec, reqs)]
             replayed, flush = [w[0] for w in work], [w[1] for w in work]
-        traced: tuple[TracedRequest, ...] = ()
-        if self.steps.trace:
-            # A chain truncated to the token budget verifies its first n - 1 drafts. A verify's
-            # accepted count is reported when it completes (StepLog.accepted); one whose outputs
-            # are discarded (async: its request already finished) keeps the bonus token's 1.
-            widths = self.policy.tree.widths
-            traced = tuple(TracedRequest(r.rid, 0 if dec else n, ctx,
-                                         ((widths if n == vp else widths[:n - 1]) if sp else ()), 1 if dec else 0,
-                                         replayed[i] if replayed else 0, flush[i] if flush else True)
-                           for i, (r, n, ctx, dec, sp) in enumerate(zip(reqs, tokens, contexts, decoding, spec)))
-        return assemble_columns(BatchColumns(tokens, contexts, decoding, spec, replayed, flush), verify_positions=vp,
-                                draft_depth=self.draft_depth if self.spec_enabled else 0, sizes=self.capture_sizes,
-                                full_graph_ok=not self.tree_forces_eager, requests=traced)
+        return column_totals(BatchColumns(tokens, contexts, decoding, spec, replayed, flush), verify_positions=vp,
+                             draft_depth=self.draft_depth if self.spec_enabled else 0)
+
+    def _traced(self, plan: StepPlan) -> tuple[TracedRequest, ...]:
+        """The plan's requests in detail, for the step trace. A chain truncated to the token budget
+        verifies its first n - 1 drafts. A verify's accepted count is reported when it completes
+        (StepLog.accepted); one whose outputs are discarded (async: its request already finished)
+        keeps the bonus token's 1."""
+        vp = self.scheduler.verify_positions
+        widths = self.policy.tree.widths
+        out = []
+        for s in plan.scheduled.values():
+            r, n, sp = s.req, s.tokens, s.spec
+            ctx = r.computed
+            dec = sp or (n == 1 and ctx + 1 == r.prompt + r.generated)
+            replayed, flush = r.commit_state.verify_work() if sp and self.commit_state_kept else (0, True)
+            out.append(TracedRequest(r.rid, 0 if dec else n, ctx, ((widths if n == vp else widths[:n - 1]) if sp else ()),
+                                     1 if dec else 0, replayed, flush))
+        return tuple(out)
 
     def _execute(self, plan: StepPlan) -> dict[int, int]:
         """The step's sampled result: drafts accepted per verifying request, from its acceptance stream."""
@@ -244,7 +269,7 @@ def run_engine(specs: Sequence[RequestSpec], *, pool: Pool, policy: CommitPolicy
         async_scheduling=engine.async_scheduling, truncate_drafts=engine.truncate_drafts and chain,
         align_tokens=align,
     )
-    steps = StepLog(trace)
+    steps = StepLog(trace, pool.capacity)
     sim = Engine(env, scheduler, latency, policy, steps, acceptance if spec_on else None)
     times = [0.0] * len(specs) if arrivals is None else [float(t) for t in arrivals]
     requests = [Request(s, t) for s, t in zip(specs, times)]

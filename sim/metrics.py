@@ -11,6 +11,7 @@ generates its workload's output length, as the benchmark's requests do with
 """
 from __future__ import annotations
 
+from array import array
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import replace
@@ -30,20 +31,68 @@ US = 1e-6
 
 
 class StepLog:
-    """Per-step records: always the few the summary needs, the full trace on request."""
+    """Per-step records: always the few the summary needs, the full trace on request.
 
-    def __init__(self, trace: bool) -> None:
+    A step is logged as the row of its price in a table of the run's distinct prices
+    (sim.step_prices prices each distinct batch once) and the pool's free units; durations,
+    pool usage and the per-term sums are worked out from those when asked, in step order,
+    so each is the float that adding step by step gives."""
+
+    def __init__(self, trace: bool, capacity: int) -> None:
+        """`capacity`: the pool's units (usage = 1 - free / capacity, as Pool.usage)."""
         self.trace = trace
-        self.durations: list[float] = []
-        self.usage: list[float] = []
-        self.term_sums = dict.fromkeys(TERMS, 0.0)
-        self.eager_steps = 0
+        self.capacity = capacity
         self.request_steps = 0  # requests scheduled, summed over steps
+        self.price_rows = array("q")  # per step: its row of the price table
+        self.free = array("q")  # per step: the pool's free units after its allocations
+        self._terms = array("d")  # per price: seconds per term, TERMS order
+        self._totals = array("d")  # per price: the step time
+        self._eager = array("b")  # per price: a piecewise or eager step
+        self._modes: list[str] = []  # per price: StepTime.mode
         self.rows: list[tuple] = []  # STEP_COLUMNS, with trace only
         self.events: list[tuple[float, str, int]] = []  # (time, admit|preempt|finish|reject, request id), trace only
         self._traced: list[tuple[float, StepBatch, StepTime]] = []  # trace only
         self._accepted: list[list[int]] = []  # per traced step, per request
         self._verifying: dict[int, deque[tuple[int, int]]] = {}  # rid -> (step, slot) awaiting an accepted count
+
+    def add_price(self, st: StepTime, eager: bool) -> int:
+        """A new distinct price; its row in the table."""
+        terms = st.terms
+        self._terms.extend([terms[t] for t in TERMS])
+        self._totals.append(st.total_s)
+        self._eager.append(eager)
+        self._modes.append(st.mode)
+        return len(self._totals) - 1
+
+    def price(self, row: int) -> StepTime:
+        """The StepTime of a row of the price table."""
+        k = len(TERMS)
+        return StepTime(dict(zip(TERMS, self._terms[row * k:(row + 1) * k])), self._modes[row])
+
+    def _rows(self) -> np.ndarray:
+        return np.frombuffer(self.price_rows, dtype=np.int64) if self.price_rows else np.zeros(0, dtype=np.int64)
+
+    @property
+    def durations(self) -> np.ndarray:
+        """Step times in seconds, per step."""
+        return np.asarray(self._totals, dtype=float)[self._rows()]
+
+    @property
+    def usage(self) -> np.ndarray:
+        """vLLM's kv_cache_usage after each step's allocations."""
+        return 1.0 - np.asarray(self.free, dtype=np.int64) / self.capacity
+
+    @property
+    def eager_steps(self) -> int:
+        return int(np.asarray(self._eager, dtype=bool)[self._rows()].sum())
+
+    @property
+    def term_sums(self) -> dict[str, float]:
+        """Seconds per term over all steps; a cumulative sum adds in step order, as a running total would."""
+        if not self.price_rows:
+            return dict.fromkeys(TERMS, 0.0)
+        table = np.asarray(self._terms, dtype=float).reshape(-1, len(TERMS))
+        return dict(zip(TERMS, np.cumsum(table[self._rows()], axis=0)[-1].tolist()))
 
     def record(self, now: float, batch: StepBatch, st: StepTime) -> None:
         """Keep a step for the trace (`batch.requests` filled by the engine when tracing)."""
@@ -72,7 +121,7 @@ class StepLog:
         return out
 
     def __len__(self) -> int:
-        return len(self.durations)
+        return len(self.price_rows)
 
 
 def _stats(prefix: str, values: Sequence[float]) -> dict[str, float | None]:

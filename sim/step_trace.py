@@ -12,9 +12,9 @@ File format (one file, written atomically):
   then     one row per step; `requests` is a JSON list with one list per request in
            REQUEST_FIELDS order (compact: a loaded server schedules ~100 per step).
 
-`assemble_columns` is the one place that turns a step's requests into the StepBatch the
-latency model prices; the engine calls it with the batch gathered into columns, and
-`batch_of` (through `assemble_batch`, rows of one request each) for a traced step, so a
+`batch_of_totals` is the one place that turns a step's requests, summed into BatchTotals,
+into the StepBatch the latency model prices: the engine sums the batch gathered into
+columns (`column_totals`) and `batch_of` a traced step's rows (`assemble_batch`), so a
 replayed step is priced exactly as the simulator priced it.
 """
 from __future__ import annotations
@@ -39,8 +39,9 @@ REQUEST_FIELDS = ("rid", "prefill", "context", "tree", "accepted", "replayed", "
 HEAD = ("step", "time_s", "kind", "num_seqs", "num_tokens", "prefill_tokens", "predicted_us")
 TERM_PREFIX = "us_"
 
-__all__ = ["STEP_KINDS", "BatchColumns", "BatchRequest", "StepTraceError", "TracedRequest", "TracedStep", "assemble_batch", "assemble_columns", "batch_of",
-           "read_steps", "write_steps"]
+__all__ = ["STEP_KINDS", "BatchColumns", "BatchRequest", "BatchTotals", "StepTraceError", "TracedRequest", "TracedStep",
+           "assemble_batch", "assemble_columns", "batch_of", "batch_of_totals", "column_totals", "read_steps",
+           "write_steps"]
 
 
 class StepTraceError(ValueError):
@@ -117,36 +118,67 @@ class BatchColumns(NamedTuple):
     flush: list[bool] | None = None  # the commit writes the state back (None: every commit does)
 
 
-def assemble_columns(c: BatchColumns, *, verify_positions: int, draft_depth: int, sizes: Sequence[int],
-                     full_graph_ok: bool, requests: tuple[TracedRequest, ...] = ()) -> StepBatch:
-    """`assemble_batch` over columns: sums over the batch, no object per request."""
+class BatchTotals(NamedTuple):
+    """A step's scheduled requests summed over the batch: with the run's constants (verify
+    positions, drafter passes, capture sizes, whether full graphs are allowed) they fix the
+    StepBatch, so two steps with equal totals are the same batch to the latency model."""
+
+    num_seqs: int
+    tokens: int  # query tokens, all requests
+    decode_seqs: int
+    uniform: bool  # every request decodes with the uniform decode's query length (sim.dispatch)
+    spec_seqs: int
+    truncated: int  # verify positions cut from chains by the token budget
+    replay_tokens: int
+    flush_seqs: int
+    context_tokens: int
+    max_context: int
+    chunks: tuple[tuple[int, int], ...]  # (tokens, context) per prompt chunk, in scheduling order
+
+
+def column_totals(c: BatchColumns, *, verify_positions: int, draft_depth: int) -> BatchTotals:
+    """The totals of a step gathered as columns: sums over the batch, no object per request."""
     tokens, contexts, decoding, spec = c.tokens, c.contexts, c.decoding, c.spec
     num_seqs = len(tokens)
     if not num_seqs:
         raise ValueError("a step needs at least one request")
     uniform_len = verify_positions if draft_depth else 1  # the uniform decode's query length
     if all(decoding):
-        chunks: list[tuple[int, int]] = []
-        decode_seqs = num_seqs
+        chunks: tuple[tuple[int, int], ...] = ()
         uniform = tokens.count(uniform_len) == num_seqs  # every decoding request runs it
     else:
-        chunks = [(n, ctx) for n, ctx, dec in zip(tokens, contexts, decoding) if not dec]
-        decode_seqs = num_seqs - len(chunks)
+        chunks = tuple([(n, ctx) for n, ctx, dec in zip(tokens, contexts, decoding) if not dec])
         uniform = False  # a batch with prompt chunks is never a uniform decode (sim.dispatch)
     spec_seqs = spec.count(True)
-    verify_tokens = sum(tokens) if spec_seqs == num_seqs else sum(compress(tokens, spec))
-    truncated = verify_positions * spec_seqs - verify_tokens
+    total = sum(tokens)
+    verify_tokens = total if spec_seqs == num_seqs else sum(compress(tokens, spec))
     replay_tokens = sum(compress(c.replayed, spec)) if c.replayed is not None else 0
     flush_seqs = sum(map(bool, compress(c.flush, spec))) if c.flush is not None else spec_seqs
-    total = sum(tokens)
-    d = dispatch_counts(total, num_seqs, decode_seqs, uniform, sizes, full_graph_ok)
+    return BatchTotals(num_seqs, total, num_seqs - len(chunks), uniform, spec_seqs,
+                       verify_positions * spec_seqs - verify_tokens, replay_tokens, flush_seqs, sum(contexts),
+                       max(contexts), chunks)
+
+
+def batch_of_totals(t: BatchTotals, *, verify_positions: int, draft_depth: int, sizes: Sequence[int],
+                    full_graph_ok: bool, requests: tuple[TracedRequest, ...] = ()) -> StepBatch:
+    """The StepBatch of a step's totals, dispatched by vLLM's rules (`requests`: the step's
+    requests in detail, kept in the batch when tracing)."""
+    d = dispatch_counts(t.tokens, t.num_seqs, t.decode_seqs, t.uniform, sizes, full_graph_ok)
     return StepBatch(
-        num_seqs=num_seqs, prefill_tokens=sum(n for n, _ in chunks), prefill_seqs=len(chunks),
-        decode_seqs=decode_seqs, spec_seqs=spec_seqs, verify_positions=verify_positions,
-        context_tokens=sum(contexts), max_context=max(contexts), eager=d.mode != "full",
-        replay_tokens=replay_tokens, flush_seqs=flush_seqs, draft_depth=draft_depth, truncated=truncated,
-        kind=d.kind, mode=d.mode, padded_tokens=d.padded_tokens, prefill_chunks=tuple(chunks), requests=requests,
+        num_seqs=t.num_seqs, prefill_tokens=sum(n for n, _ in t.chunks) if t.chunks else 0, prefill_seqs=len(t.chunks), decode_seqs=t.decode_seqs, spec_seqs=t.spec_seqs,
+        verify_positions=verify_positions, context_tokens=t.context_tokens, max_context=t.max_context,
+        eager=d.mode != "full", replay_tokens=t.replay_tokens, flush_seqs=t.flush_seqs, draft_depth=draft_depth,
+        truncated=t.truncated, kind=d.kind, mode=d.mode, padded_tokens=d.padded_tokens, prefill_chunks=t.chunks,
+        requests=requests,
     )
+
+
+def assemble_columns(c: BatchColumns, *, verify_positions: int, draft_depth: int, sizes: Sequence[int],
+                     full_graph_ok: bool, requests: tuple[TracedRequest, ...] = ()) -> StepBatch:
+    """`assemble_batch` over columns."""
+    return batch_of_totals(column_totals(c, verify_positions=verify_positions, draft_depth=draft_depth),
+                           verify_positions=verify_positions, draft_depth=draft_depth, sizes=sizes,
+                           full_graph_ok=full_graph_ok, requests=requests)
 
 
 def step_shape(model: ModelConfig, policy: CommitPolicy, max_num_seqs: int,
