@@ -10,7 +10,6 @@ from the fallback model and are labelled so in `sources`.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from core.config import EngineConfig, HardwareConfig, ModelConfig, load_hardware
@@ -148,7 +147,7 @@ class CalibratedParts:
 
     def decode_roofline_us(self, b: StepBatch, term: str) -> float:
         """One GDN layer's `term` for the decoding requests alone, from the fallback (no kernel measured)."""
-        dec = replace(b, prefill_tokens=0, prefill_seqs=0, num_seqs=b.decode_seqs, prefill_chunks=())
+        dec = b._replace(prefill_tokens=0, prefill_seqs=0, num_seqs=b.decode_seqs, prefill_chunks=())
         return self.fallback.step_time(dec).terms[term] / US / self.model.gdn_layers
 
     def verify_us(self, mode: str, b: StepBatch) -> float:

@@ -1,6 +1,5 @@
 """The analytic (roofline) latency model and `make_latency_model`."""
 import math
-from dataclasses import replace
 
 import pytest
 
@@ -110,7 +109,7 @@ def test_drafter_passes_run_over_the_previous_depths_nodes(kind):
             m = load_model("qwen3.5-35b-a3b")
             pol = make_policy(m, load_policy("reconstruct", {"draft_tree_widths": list(widths)}))
             lm = make_latency_model(m, load_hardware("h200"), pol, EngineConfig(latency_pricing=kind))
-        return lm.step_time(replace(decode(64, vp=16), draft_depth=depth)).terms["drafter"]
+        return lm.step_time(decode(64, vp=16)._replace(draft_depth=depth)).terms["drafter"]
 
     def later_pass(widths, depth):  # the pass a step with `depth` drafter passes adds to one with depth - 1
         return drafter(widths, depth) - drafter(widths, depth - 1)
