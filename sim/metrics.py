@@ -92,7 +92,9 @@ class StepLog:
         if not self.price_rows:
             return dict.fromkeys(TERMS, 0.0)
         table = np.asarray(self._terms, dtype=float).reshape(-1, len(TERMS))
-        return dict(zip(TERMS, np.cumsum(table[self._rows()], axis=0)[-1].tolist()))
+        rows = self._rows()
+        # One term at a time: a million steps' terms side by side would be 70 MB per copy.
+        return {t: float(np.cumsum(table[rows, k])[-1]) for k, t in enumerate(TERMS)}
 
     def record(self, now: float, batch: StepBatch, st: StepTime) -> None:
         """Keep a step for the trace (`batch.requests` filled by the engine when tracing)."""
