@@ -27,6 +27,7 @@ from __future__ import annotations
 from operator import itemgetter
 from typing import NamedTuple
 
+from core.interp import Curve1D
 from sim.calibrated_parts import CalibratedParts
 from sim.host_model import PipelineOp, pipeline
 from sim.latency import STEP_MEMO, TERMS, US, StepBatch, StepTime
@@ -45,15 +46,27 @@ class PipelineParts(NamedTuple):
     host_total_us: float  # the ops' host costs summed
 
 
+class CorePart(NamedTuple):
+    """An attention core's share that the step's contexts set: factor x curve(context)."""
+
+    factor: float  # the derived-hardware factor
+    curve: Curve1D  # over the context
+
+
 class ShapeParts(NamedTuple):
     """What a step's pricing takes from its shape alone (not its contexts): built once per shape."""
 
     terms_us: dict[str, float]  # context-free GPU us per term
     ops: list[PipelineOp]
     host_total_us: float
-    later_pass_widths: tuple[int, ...]  # the drafter's later passes: each has its own attention core
     prepare_us: float
     finish_us: float
+    # The attention cores, as curves over the contexts: the target's (and the first drafter
+    # pass's) decode part over the mean decode context and one per prefill chunk over its own;
+    # then one per later drafter pass, over the mean context of all requests.
+    decode_core: CorePart | None
+    chunk_cores: tuple[CorePart, ...]
+    later_cores: tuple[CorePart, ...]
 
 
 class PipelinePricing:
@@ -77,7 +90,7 @@ class PipelinePricing:
     def parts(self, b: StepBatch) -> PipelineParts:
         """The step's pipeline arguments (calibrate.host_fit re-runs the pipeline with other host scales)."""
         # The attention cores depend on the contexts; everything else on the batch shape,
-        # so that part (terms and the op list) is built once per distinct shape.
+        # so that part (terms, the op list, the cores' curves) is built once per distinct shape.
         # (The token count follows from the prefill tokens and the decode counts in the key.)
         chunks = b.chunks
         key = (b.graph_mode, b.padded_tokens, b.num_seqs, b.decode_seqs, b.spec_seqs, b.verify_positions,
@@ -89,15 +102,20 @@ class PipelinePricing:
             if len(self._shapes) < STEP_MEMO:
                 self._shapes[key] = built
         # Core 0: the target's (and the first drafter pass's) attention core; then one per later pass.
-        cores = [self._attention_core_us(b, b.decode_seqs, b.decode_tokens, chunks)]
-        widths = built.later_pass_widths
-        if widths:
-            # A chain's later passes are alike (width 1): their core is priced once.
-            w0 = widths[0]
-            first = self._attention_core_us(b, b.num_seqs, b.num_seqs * w0, ())
-            cores += [first if w == w0 else self._attention_core_us(b, b.num_seqs, b.num_seqs * w, ()) for w in widths]
+        core = 0.0
+        dec = built.decode_core
+        if dec is not None:
+            ctx = (b.context_tokens - sum(c for _, c in chunks)) / b.decode_seqs if chunks else \
+                b.context_tokens / b.decode_seqs
+            core += dec.factor * dec.curve(ctx)
+        for (factor, curve), (_, ctx) in zip(built.chunk_cores, chunks):
+            core += factor * curve(ctx)
+        cores = [core]
+        if built.later_cores:
+            ctx = b.context_tokens / b.num_seqs
+            cores += [factor * curve(ctx) for factor, curve in built.later_cores]
         us = dict(built.terms_us)
-        us["attention"] += self._attn_layers * cores[0]
+        us["attention"] += self._attn_layers * core
         if b.draft_depth:
             us["drafter"] += sum(cores)
         return PipelineParts(us, built.ops, built.prepare_us, built.finish_us, cores, built.host_total_us)
@@ -168,23 +186,18 @@ class PipelinePricing:
         ops.append(PipelineOp(host.us("sample", rows), lm, 0, 0))
         ops += [PipelineOp(host.us("drafter_pass", t), gpu + 2 * lat.allreduce_s(t) / US, i, 1)
                 for i, (t, gpu) in enumerate(passes)]
-        return ShapeParts(us, ops, sum(map(itemgetter(0), ops)), widths, host.us("step_prepare", R),
-                          host.us("step_finish", R))
+        attn_prefill = lat.tables[("attn_prefill", "graph")]
+        return ShapeParts(us, ops, sum(map(itemgetter(0), ops)), host.us("step_prepare", R), host.us("step_finish", R),
+                          self._decode_core(B, b.decode_tokens) if B else None,
+                          tuple([CorePart(lat.derived_factor(t), attn_prefill.partial(t)) for t, _ in b.chunks]),
+                          tuple([self._decode_core(R, R * w) for w in widths]))
 
-    def _attention_core_us(self, b: StepBatch, seqs: int, dec_tokens: int,
-                           chunks: tuple[tuple[int, int], ...]) -> float:
-        """One attention core over the decoding requests (at their mean context) and each prefill chunk."""
+    def _decode_core(self, seqs: int, tokens: int) -> CorePart:
+        """An attention core over `seqs` decoding requests of `tokens` query tokens in all."""
         lat = self.lat
-        t = 0.0
-        if seqs:
-            ctx = (b.context_tokens - sum(c for _, c in chunks)) / seqs
-            per_seq = dec_tokens / seqs
-            t += lat.derived_factor(per_seq * lat.q_per_kv) * \
-                lat.tables[("attn_decode", "graph")].partial(seqs, per_seq)(ctx)
-        prefill = lat.tables[("attn_prefill", "graph")]
-        for tokens, ctx in chunks:  # chunk sizes repeat (the budget): their context curves are memoised
-            t += lat.derived_factor(tokens) * prefill.partial(tokens)(ctx)
-        return t
+        per_seq = tokens / seqs
+        return CorePart(lat.derived_factor(per_seq * lat.q_per_kv),
+                        lat.tables[("attn_decode", "graph")].partial(seqs, per_seq))
 
     def gdn_decode_us(self, b: StepBatch) -> tuple[float, float]:
         """(verify, commit) GPU time of one GDN layer for the decoding requests."""
@@ -216,7 +229,7 @@ class PipelinePricing:
 
     def _drafter_passes(self, b: StepBatch, tokens: int) -> tuple[list[tuple[int, float]], tuple[int, ...]]:
         """(tokens, GPU us without the attention core) of each MTP pass: all target tokens first,
-        then R x width per depth; and the widths of the later passes (their cores are per step)."""
+        then R x width per depth; and the widths of the later passes (their cores are priced per step)."""
         if not b.draft_depth:
             return [], ()
         widths = self.lat.tree.later_pass_widths(b.draft_depth)
