@@ -1,7 +1,7 @@
 """The executor's host prep: a step's metadata into pinned host buffers and one upload per dtype, before any launch.
 
 `StepPrep.prepare` is the part of `calibrate.executor.Executor` that vLLM's model runner does
-before the forward (`_prepare_inputs`): the layout (calibrate.step_layout), the dispatch
+before the forward (vllm/v1/worker/gpu_model_runner.py, `GPUModelRunner._prepare_inputs`): the layout (calibrate.step_layout), the dispatch
 (calibrate.graphs.plan), positions, slot mapping, block tables, tree parents, the accepted
 nodes, the prefills' varlen bounds and the drafter's later positions, all written into two
 `Packed` buffers and uploaded with one copy each. It is timed as part of every step.

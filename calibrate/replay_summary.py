@@ -1,6 +1,6 @@
 """The replay's summary: each replayed step's prediction against its measurement, per step kind.
 
-Pure Python over replay_steps.csv rows (calibrate/replay.py writes them): errors per kind,
+Pure Python over replay_steps.csv rows (calibrate/replay_outputs.py writes them): errors per kind,
 the fastest of several passes, the repeatability of steps measured twice, and the host-speed
 views: steps measured at nominal host speed apart from the device's slower regimes
 (`host_speed`), and every host-bound step scored at its own measured host speed
