@@ -95,7 +95,7 @@ def test_metric_rules_on_a_hand_made_log():
     slow = _request(0, 0.0, [0.5, 0.7, 0.9])  # TTFT 0.5, TPOT (0.9 - 0.5) / 2 = 0.2
     fast = _request(1, 0.1, [0.3 + 0.01 * i for i in range(11)])  # TTFT 0.2, TPOT 0.01
     reqs = [slow, fast]
-    summary = {**summarize(reqs, StepLog(trace=False), duration_s=0.9), "num_requests": 2,
+    summary = {**summarize(reqs, StepLog(trace=False, capacity=1), duration_s=0.9), "num_requests": 2,
                "measured_requests": len(measured(reqs))}
     m = vllm_bench_metrics(request_rows(reqs), summary)
     # TPOT is per request (excluding the first token), then averaged over requests: not per token.
