@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 STEP_KINDS = ("uniform_decode", "mixed_graph", "mixed_eager", "prefill_only")
 GRAPH_MODES = ("full", "piecewise", "eager")
@@ -39,8 +39,7 @@ def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, query_len: int
     return tuple(sorted({round_up(s, query_len) for s in base if round_up(s, query_len) <= top}))
 
 
-@dataclass(frozen=True)
-class Dispatch:
+class Dispatch(NamedTuple):  # built once per step priced: a named tuple is cheap to build
     kind: str  # STEP_KINDS
     mode: str  # GRAPH_MODES
     padded_tokens: int  # tokens the step runs at: the capture size it pads to, or its own count when eager

@@ -3,8 +3,8 @@
 Each step is vLLM's plan, execute, update: the scheduler's `schedule` picks tokens and
 allocates blocks (preempting if it must) into a `StepPlan` keyed by request; the latency
 model prices the batch and simulated time advances by that step time; the step's result
-(`_execute`: drafts accepted per verifying request, from the request's own acceptance
-stream) goes back through `Scheduler.update_from_output`, which advances every
+(`_sample`: drafts accepted per verifying request, from the request's own acceptance
+stream, asked for as the outputs are processed) goes back through `Scheduler.update_from_output`, which advances every
 scheduled request at once, emits its tokens at the end of the step that produced them
 and retires the finished ones. Per-step work is O(scheduled requests); there are no
 per-token or per-request-per-step events.
@@ -35,7 +35,7 @@ from sim.latency import LatencyModel, StepBatch
 from sim.metrics import StepLog
 from sim.pool import Pool
 from sim.request import Request, Status
-from sim.scheduler import Scheduler, StepPlan
+from sim.scheduler import ScheduledRequest, Scheduler, StepPlan
 from sim.step_prices import PricedStep, StepPrices
 from sim.step_trace import BatchColumns, BatchTotals, TracedRequest, column_totals
 from workloads.base import RequestSpec
@@ -197,28 +197,20 @@ class Engine:
                                      1 if dec else 0, replayed, flush))
         return tuple(out)
 
-    def _execute(self, plan: StepPlan) -> dict[int, int]:
-        """The step's sampled result: drafts accepted per verifying request, from its acceptance stream."""
-        accepted: dict[int, int] = {}
-        trace = self.steps.trace
-        done = Status.FINISHED
-        for rid, s in plan.scheduled.items():
-            if not s.spec:
-                continue
-            req = s.req
-            if req.status is done:
-                continue  # async: a finished request's verify is discarded, nothing is drawn for it
-            a = req.acceptance.accepted_drafts()
-            if a >= s.tokens:
-                a = s.tokens - 1  # a truncated chain verified only n - 1 drafts
-            if trace:
-                self.steps.accepted(rid, a + 1)
-            accepted[rid] = a
-        return accepted
+    def _sample(self, s: ScheduledRequest) -> int:
+        """The step's sampled result for a verifying request: drafts accepted, from its acceptance stream."""
+        a = s.req.acceptance.accepted_drafts()
+        return s.tokens - 1 if a >= s.tokens else a  # a truncated chain verified only n - 1 drafts
+
+    def _sample_traced(self, s: ScheduledRequest) -> int:
+        a = self._sample(s)
+        self.steps.accepted(s.req.rid, a + 1)
+        return a
 
     def _complete(self, plan: StepPlan, now: float) -> None:
         """The step's outputs to the scheduler; finished requests back to the client."""
-        for req in self.scheduler.update_from_output(plan, self._execute(plan), now):
+        sample = self._sample_traced if self.steps.trace else self._sample
+        for req in self.scheduler.update_from_output(plan, sample, now):
             # A finished request keeps what the metrics read, and the few counters of its policy
             # state that a plan already made for it (async scheduling) still prices.
             req.acceptance = None

@@ -57,8 +57,7 @@ class StepLog:
 
     def add_price(self, st: StepTime, eager: bool) -> int:
         """A new distinct price; its row in the table."""
-        terms = st.terms
-        self._terms.extend([terms[t] for t in TERMS])
+        self._terms.extend(map(st.terms.__getitem__, TERMS))
         self._totals.append(st.total_s)
         self._eager.append(eager)
         self._modes.append(st.mode)

@@ -30,6 +30,7 @@ scheduled in the previous plan has no draft (vLLM drops unused placeholders).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sim.pool import Pool
@@ -116,9 +117,11 @@ class Scheduler:
         sync = not self.async_scheduling
         truncate = self.truncate_drafts
         align = self.align_tokens
-        i = 0
-        while i < len(running) and budget > 0:
-            req = running[i]
+        speculate = vp > 1
+        # A preemption pops from the end of `running`: iterating it then stops before the popped ones.
+        for req in running:
+            if budget <= 0:
+                break
             inflight = req.inflight
             computed = req.computed + inflight  # vLLM's num_computed_tokens
             prompt = req.prompt
@@ -126,13 +129,12 @@ class Scheduler:
             if inflight and computed >= num_tokens:
                 # Its in-flight step samples and its output is not known yet.
                 if req.generated + 1 >= req.output:
-                    i += 1  # that step surely finishes it: no extra step
-                    continue
+                    continue  # that step surely finishes it: no extra step
                 remaining, draft = 1, True  # the in-flight step's drafter fills the placeholders
             else:
                 remaining, draft = num_tokens - computed, sync and req.has_draft
             spec = False
-            if remaining == 1 and draft and vp > 1:
+            if remaining == 1 and draft and speculate:
                 if vp <= budget:
                     n, spec = vp, True
                 elif truncate:
@@ -146,8 +148,7 @@ class Scheduler:
                 if align and (computed < prompt or computed < num_tokens - 1):
                     n = self._chunk(req, computed, n)
                 if n == 0:
-                    i += 1  # align mode: no aligned chunk fits the budget left; later requests may
-                    continue
+                    continue  # align mode: no aligned chunk fits the budget left; later requests may
             total = computed + n + la
             if total > req.units_tokens:  # past what its blocks hold: it needs more
                 need = pool.units_for(total) - req.units
@@ -168,7 +169,6 @@ class Scheduler:
             scheduled_reqs[req.rid] = ScheduledRequest(req, n, spec, spec or computed + n >= num_tokens)
             req.inflight += n
             budget -= n
-            i += 1
 
         if plan.preempted:
             self.memory_blocked_steps += 1  # nobody is admitted this step: memory was short
@@ -236,14 +236,16 @@ class Scheduler:
         self.preemptions += 1
 
     # ------------------------------------------------------------------ outputs
-    def update_from_output(self, plan: StepPlan, accepted: dict[int, int], now: float) -> list[Request]:
+    def update_from_output(self, plan: StepPlan, accepted: Callable[[ScheduledRequest], int],
+                           now: float) -> list[Request]:
         """Process a step's outputs (vLLM's `Scheduler.update_from_output`): progress, the drafts
-        `accepted` per verifying request, emitted tokens; returns the requests it finished, whose
-        blocks are freed and who leave `running`."""
+        `accepted(s)` for each verifying request whose outputs count (the step's sampler, asked once
+        per such request), emitted tokens; returns the requests it finished, whose blocks are freed
+        and who leave `running`."""
         finished: list[Request] = []
         spec_enabled = self.verify_positions > 1
         done, waiting = Status.FINISHED, Status.WAITING  # looked up once: this loop runs per request
-        for rid, s in plan.scheduled.items():
+        for s in plan.scheduled.values():
             req = s.req
             status = req.status
             if status is done:
@@ -252,7 +254,7 @@ class Scheduler:
             # them); its KV and state are recomputed from scratch, so progress is not kept.
             preempted = status is waiting
             if s.spec:
-                emit = accepted[rid] + 1  # the accepted drafts and the bonus token
+                emit = accepted(s) + 1  # the accepted drafts and the bonus token
                 req.spec_steps += 1
                 req.spec_tokens += emit
                 if not preempted:
