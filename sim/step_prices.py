@@ -39,8 +39,8 @@ class StepPrices:
         self.draft_depth = draft_depth
         self.sizes = sizes
         self.full_graph_ok = full_graph_ok
-        self.memo: dict[BatchTotals, PricedStep] = {}  # looked up by the engine; priced here on a miss
-        self.hits = 0
+        self.memo: dict[BatchTotals, PricedStep] = {}
+        self.hits = 0  # steps priced from the memo
         self._memoise = True
 
     def batch(self, totals: BatchTotals, requests: tuple[TracedRequest, ...] = ()) -> StepBatch:
