@@ -150,7 +150,7 @@ def models(docs: Path) -> str:
                   "calibrated" + (f" ({other})" if other else ""))
         mine = runs[runs["case"].map(model_of.get) == name]
         checks = []
-        for metric, label in (("output_throughput_tok_s", "tok/s"), ("tpot_mean_ms", "TPOT")):
+        for metric, label in (("output_throughput_tok_s", "tok/s"), ("ttft_mean_ms", "TTFT")):
             ratio = mine.loc[mine["metric"] == metric, "ratio"]
             if len(ratio):
                 checks.append(f"{label} {ratio.min():.2f}-{ratio.max():.2f}x")
