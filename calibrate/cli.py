@@ -45,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--attn-backend", default="triton", choices=("triton", "fa4", "auto"),
                    help="attention cores' kernel: our Triton paged kernel, flash-attn-4's paged forward (vLLM "
                         "runs FlashAttention 3 in the same layout), or fa4 where it imports")
+    m.add_argument("--fp8-gemm", default="auto", choices=("torch", "triton", "auto"),
+                   help="a block-FP8 checkpoint's projections: torch's block-wise scaled_mm (cuBLASLt, vLLM's "
+                        "CUTLASS stand-in), our Triton GEMM, or torch's where it passes its check here")
 
     g = sub.add_parser("merge", help="copy measured tables into results/calibration/<gpu>/")
     g.add_argument("--gpu", required=True)
@@ -141,7 +144,8 @@ def _measure(args: argparse.Namespace) -> int:
         rc |= measure(load_model(name), hw, jobs, out, quick=args.quick, device=args.device, modes=modes,
                       grid=GRIDS[args.grid or ("quick" if args.quick else "full")],
                       commit=args.git_commit or provenance.git_commit(), time_budget_s=args.time_budget_s,
-                      step_policy=args.step_policy, attn_backend=args.attn_backend, on_job_done=tar)
+                      step_policy=args.step_policy, attn_backend=args.attn_backend, fp8_gemm=args.fp8_gemm,
+                      on_job_done=tar)
     return rc
 
 

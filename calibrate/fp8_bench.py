@@ -30,6 +30,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from calibrate import fp8_linear
+from calibrate.fp8_linear import torch_block_mm
 from calibrate.host import HostProbe
 from calibrate.kernels import fp8_gemm as G
 from calibrate.kernels import fused_moe as FM
@@ -56,42 +58,6 @@ def dense_shapes(model) -> dict[str, tuple[int, int]]:
     if model.moe is not None and model.moe.shared_width:
         out |= {"shared_gate_up": (2 * model.moe.shared_width, h), "shared_down": (h, model.moe.shared_width)}
     return out
-
-
-def _outer_major(a_s: torch.Tensor) -> torch.Tensor:
-    """[M, K/128] scales stored outer-dim-major (strides (1, M)), as torch's BlockWise1x128 asks."""
-    m, kg = a_s.shape
-    buf = torch.zeros(kg, m, dtype=a_s.dtype, device=a_s.device)
-    buf[:, :m] = a_s.t()
-    return buf.t()[:m]
-
-
-# How torch wants the weight's [N/128, K/128] scales for b = weight.T: tried in order, the first
-# whose product matches the reference is used (check_torch_block_mm).
-B_SCALE_LAYOUTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "n_by_k": lambda ws: ws, "k_by_n_view": lambda ws: ws.t(), "k_by_n": lambda ws: ws.t().contiguous()}
-B_LAYOUT: list[str] = []
-
-
-def torch_block_mm(aq: torch.Tensor, a_s: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
-    """torch's block-wise scaled_mm: scale_a [M, K/128] (BlockWise1x128), the weight's scales
-    (BlockWise128x128), b the weight's transpose (column-major). M padded to a multiple of 4 with
-    zero rows of scale one and the product cut back, as vLLM's `_padded_cutlass` does on Hopper
-    before its CUTLASS block-FP8 GEMM (docs/vllm_kernels.md): cuBLASLt refuses M = 1 unpadded."""
-    st = F.ScalingType
-    m = aq.shape[0]
-    if m % PAD_M:
-        padded = torch.zeros(m + (-m % PAD_M), aq.shape[1], dtype=aq.dtype, device=aq.device)
-        padded[:m].copy_(aq)
-        scales = torch.ones(padded.shape[0], a_s.shape[1], dtype=a_s.dtype, device=a_s.device)
-        scales[:m].copy_(a_s)
-        aq, a_s = padded, scales
-    out = F.scaled_mm(aq, wq.t(), _outer_major(a_s), st.BlockWise1x128, B_SCALE_LAYOUTS[B_LAYOUT[0]](ws),
-                      st.BlockWise128x128, output_dtype=torch.bfloat16)
-    return out[:m]
-
-
-PAD_M = 4  # vLLM's `_padded_cutlass` pad_multiple
 
 
 class Bench:
@@ -123,30 +89,10 @@ class Bench:
 
 
 def check_torch_block_mm(b: Bench) -> bool:
-    wq, ws = G.quantize_weight_blocks(torch.randn(1024, 2048, device=b.dev) * 0.02)
-    errors = []
-    for layout in B_SCALE_LAYOUTS:
-        B_LAYOUT[:] = [layout]
-        ok = True
-        for m in (16, 1, 5, 300):
-            aq, a_s = G.group_quant(torch.randn(m, 2048, device=b.dev).bfloat16())
-            try:
-                out = torch_block_mm(aq, a_s, wq, ws)
-            except Exception as e:  # noqa: BLE001 - the reason is the record
-                errors.append(f"{layout} M={m}: {type(e).__name__}: {str(e)[:160]}")
-                ok = False
-                break
-            ref = G.fp8_block_gemm_ref(aq, a_s, wq, ws, torch.float64)
-            err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
-            if err > 1e-2:
-                errors.append(f"{layout} M={m}: max error {err:.3g}")
-                ok = False
-                break
-        if ok:
-            b.notes.append(f"torch block-wise scaled_mm: weight scales as {layout}")
-            return True
-    b.notes.append("torch block-wise scaled_mm unusable: " + "; ".join(errors))
-    return False
+    why = fp8_linear.check_torch_block_mm(b.dev)
+    b.notes.append(f"torch block-wise scaled_mm: weight scales as {fp8_linear.B_LAYOUT[0]}" if why is None
+                   else f"torch block-wise scaled_mm unusable: {why}")
+    return why is None
 
 
 # Variants timed side by side, so that one run says whether vLLM's rules beat what came before:

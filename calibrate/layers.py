@@ -8,7 +8,9 @@ dense-cache SDPA cores kept for the whole-step check; other elementwise work is
 unfused PyTorch, so these times bound vLLM's fused kernels from above there. The GDN recurrence is not here: it is
 the policy's verify kernel (policies/kernels), passed in as `recurrence` when a whole
 step runs it, and timed by the kernels bench for the tables. A dense model has a SwiGLU
-MLP (cuBLAS GEMMs) where the MoE is: `ffn_weights` / `ffn_forward` pick the block.
+MLP (cuBLAS GEMMs) where the MoE is: `ffn_weights` / `ffn_forward` pick the block. A block-FP8
+checkpoint's weights (calibrate/layers_fp8.py) fill the same dataclasses with callable projections,
+which `linear` calls where a bf16 weight goes to cuBLAS.
 """
 from __future__ import annotations
 
@@ -32,6 +34,11 @@ def _w(*shape: int, device: torch.device, fan_in: int | None = None) -> torch.Te
     # Random, never zeros: zeros run faster than real data on the matrix units.
     t = torch.empty(*shape, dtype=BF16, device=device)
     return t.normal_(0.0, 1.0 / math.sqrt(fan_in or shape[-1]))
+
+
+def linear(x: torch.Tensor, w: torch.Tensor | Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """F.linear for a bf16 weight; a block-FP8 projection (calibrate.fp8_linear.Fp8Linear) is called."""
+    return F.linear(x, w) if isinstance(w, torch.Tensor) else w(x)
 
 
 def _norm_w(n: int, device: torch.device) -> torch.Tensor:
@@ -66,8 +73,9 @@ def gdn_weights(s: LayerShapes, device: torch.device) -> GDNWeights:
 
 def gdn_in(x: torch.Tensor, w: GDNWeights, s: LayerShapes, out: torch.Tensor | None = None) -> torch.Tensor:
     """The GDN layer's dense half before its core: RMSNorm and in_proj ([n, gdn_in_features]: conv
-    input, z, b, a)."""
-    return torch.mm(F.rms_norm(x, (s.hidden,), w.norm, EPS), w.in_proj.t(), out=out)
+    input, z, b, a). A block-FP8 in_proj returns vLLM's two projections, (conv input and z, b and a)."""
+    h = F.rms_norm(x, (s.hidden,), w.norm, EPS)
+    return torch.mm(h, w.in_proj.t(), out=out) if isinstance(w.in_proj, torch.Tensor) else w.in_proj(h)
 
 
 def gdn_out(o: torch.Tensor, z: torch.Tensor, w: GDNWeights, s: LayerShapes) -> torch.Tensor:
@@ -76,7 +84,7 @@ def gdn_out(o: torch.Tensor, z: torch.Tensor, w: GDNWeights, s: LayerShapes) -> 
     n = o.shape[0]
     o = F.rms_norm(o.reshape(n, s.gdn_v_heads, s.head_v_dim), (s.head_v_dim,), w.o_norm, EPS)
     o = o * F.silu(z.reshape(n, s.gdn_v_heads, s.head_v_dim))
-    return F.linear(o.reshape(n, s.gdn_v_channels), w.out_proj)
+    return linear(o.reshape(n, s.gdn_v_channels), w.out_proj)
 
 
 def gdn_forward(x: torch.Tensor, w: GDNWeights, s: LayerShapes, conv_state: torch.Tensor,
@@ -145,7 +153,7 @@ def _attn_in(x: torch.Tensor, w: AttnWeights, s: LayerShapes, cos: torch.Tensor,
     n = x.shape[0]
     h = F.rms_norm(x, (s.hidden,), w.norm, EPS)
     qd, kd = s.q_heads * s.head_dim, s.kv_heads * s.head_dim
-    q, gate, k, v = F.linear(h, w.qkv).split([qd, qd, kd, kd], -1)
+    q, gate, k, v = linear(h, w.qkv).split([qd, qd, kd, kd], -1)
     q = F.rms_norm(q.reshape(n, s.q_heads, s.head_dim), (s.head_dim,), w.q_norm, EPS)
     k = F.rms_norm(k.reshape(n, s.kv_heads, s.head_dim), (s.head_dim,), w.k_norm, EPS)
     q, k = rope(torch.cat([q, k], 1), cos, sin, s.rotary_dim).split([s.q_heads, s.kv_heads], 1)
@@ -156,7 +164,7 @@ def attn_out_proj(o: torch.Tensor, gate: torch.Tensor, w: AttnWeights, s: LayerS
     """Qwen3.5's sigmoid output gate and o_proj (the residual is the caller's)."""
     n = o.shape[0]
     o = o * torch.sigmoid(gate.view(n, s.q_heads, s.head_dim))
-    return F.linear(o.reshape(n, s.q_heads * s.head_dim), w.o_proj)
+    return linear(o.reshape(n, s.q_heads * s.head_dim), w.o_proj)
 
 
 def _attn_out(x: torch.Tensor, o: torch.Tensor, gate: torch.Tensor, w: AttnWeights, s: LayerShapes) -> torch.Tensor:
@@ -260,6 +268,8 @@ def moe_forward(x: torch.Tensor, w: MoEWeights, s: LayerShapes, out: torch.Tenso
     """Norm, then the fused MoE (routing, routed and shared experts; calibrate/kernels/fused_moe.py),
     the residual added in its final reduction; `out=x` updates the residual stream in place."""
     h = F.rms_norm(x, (s.hidden,), w.norm, EPS)
+    if not isinstance(w, MoEWeights):  # block-FP8 experts: calibrate.layers_fp8.Fp8MoEWeights
+        return w(h, s, residual=x, out=out)
     return fused_moe(h, w.router, w.w13, w.w2, s.top_k, w.shared13, w.shared2, w.shared_gate, residual=x, out=out)
 
 
@@ -279,7 +289,9 @@ def mlp_weights(s: LayerShapes, device: torch.device) -> MLPWeights:
 def mlp_forward(x: torch.Tensor, w: MLPWeights, s: LayerShapes, out: torch.Tensor | None = None) -> torch.Tensor:
     """A dense model's feed-forward block: norm, gate_up GEMM, SiLU(gate) x up, down GEMM with the residual
     added in the GEMM's epilogue (vLLM fuses the activation in one kernel, SiluAndMul; torch makes it two)."""
-    gate, up = F.linear(F.rms_norm(x, (s.hidden,), w.norm, EPS), w.w13).chunk(2, -1)
+    gate, up = linear(F.rms_norm(x, (s.hidden,), w.norm, EPS), w.w13).chunk(2, -1)
+    if not isinstance(w.w2, torch.Tensor):  # block-FP8: the residual in its own pass (vLLM's is in the next norm)
+        return torch.add(x, w.w2(F.silu(gate) * up), out=out)
     return torch.addmm(x, F.silu(gate) * up, w.w2.t(), out=out)
 
 
@@ -332,5 +344,5 @@ def mtp_fc_forward(emb: torch.Tensor, hidden: torch.Tensor, w: MTPWeights, s: La
     """
     e = F.rms_norm(emb, (s.hidden,), w.norm_e, EPS)
     h = F.rms_norm(hidden, (s.hidden,), w.norm_h, EPS)
-    y = F.linear(torch.cat([e, h], -1), w.fc)
+    y = linear(torch.cat([e, h], -1), w.fc)
     return y if s.tp == 1 else y.repeat(1, s.tp)

@@ -7,7 +7,9 @@ enlarged block size, shuffled block tables); the MoE is the fused Triton MoE. Wo
 bytes) are the minimum each call must do: every weight it touches read once, GEMM
 inputs read and outputs written once, the KV cache read once. `pct_bw` and
 `pct_flops` hold the measured time against the copy bandwidth and matrix rate
-measured in the same run.
+measured in the same run. A block-FP8 checkpoint's tables time its block-FP8 projections
+(calibrate/layers_fp8.py, on the Harness's `fp8_gemm`) and count their weights at one byte plus the
+block scales.
 """
 from __future__ import annotations
 
@@ -19,9 +21,12 @@ import torch
 
 from calibrate import layers as L
 from calibrate.attention_backends import fa4_paged
+from calibrate.fp8_linear import Fp8Gemm
+from calibrate.layers_fp8 import fp8_weights
 from calibrate.grid import Grid
 from calibrate.kernels.paged_attention import AttnConfig, paged_attention
 from calibrate.shapes import LayerShapes
+from calibrate.work import decode_work, gemm_work, gemms_work, moe_work, prefill_work
 from calibrate.timing import ROTATE_BYTES, Timing, copies_for, time_calls
 from core.config import load_model, load_policy, model_names
 from core.tables import COLUMNS
@@ -44,6 +49,7 @@ class Harness:
     min_copies: int = 3
     budget_s: float = 0.06  # seconds of replays per measurement
     fa4: Callable[..., object] | None = None  # flash-attn-4's varlen forward: the attention cores' kernel when set
+    fp8_gemm: Fp8Gemm | None = None  # the block-FP8 projections' GEMM, for a block-FP8 checkpoint
 
     def time(self, calls: list[Callable[[], object]], mode: str) -> Timing:
         return time_calls(calls, mode, self.device, budget_s=self.budget_s)
@@ -58,6 +64,11 @@ class Harness:
 
     def randn(self, *shape: int, dtype: torch.dtype = L.BF16) -> torch.Tensor:
         return torch.randn(*shape, device=self.device).to(dtype)
+
+    def weights(self, build: Callable[[LayerShapes, torch.device], object]) -> object:
+        """One random copy of a layer's weights, in the checkpoint's form (bf16 or block-FP8)."""
+        w = build(self.shapes, self.device)
+        return w if self.fp8_gemm is None or not self.shapes.fp8 else fp8_weights(w, self.shapes, self.fp8_gemm)
 
 
 def _token_table(h: Harness, name: str, weight_bytes: int, make: Callable[[], object],
@@ -76,11 +87,6 @@ def _token_table(h: Harness, name: str, weight_bytes: int, make: Callable[[], ob
     return rows
 
 
-def _gemm_work(n: int, k: int, m: int) -> tuple[float, float]:
-    """flops and minimum bytes of [n, k] x [k, m] in bf16."""
-    return 2.0 * n * k * m, 2.0 * (k * m + n * k + n * m)
-
-
 def gdn_table(h: Harness) -> list[dict]:
     s = h.shapes
 
@@ -89,14 +95,13 @@ def gdn_table(h: Harness) -> list[dict]:
     def call(w: L.GDNWeights, n: int) -> Callable[[], object]:
         # The dense halves as the executor (and vLLM) runs them around the core; the core's output
         # stands in random (its conv and gating are gdn_decode_conv's and gdn_prefill_varlen's).
+        # (A block-FP8 in_proj returns vLLM's two projections: z is in the first, at the same columns.)
         x, o = h.randn(n, s.hidden), h.randn(n, s.gdn_v_channels)
-        return lambda: x + L.gdn_out(o, L.gdn_in(x, w, s)[:, z], w, s)
+        first = (lambda p: p[0]) if s.fp8 else (lambda p: p)
+        return lambda: x + L.gdn_out(o, first(L.gdn_in(x, w, s))[:, z], w, s)
 
-    def work(n: int) -> tuple[float, float]:
-        a, b = _gemm_work(n, s.hidden, s.gdn_in_features), _gemm_work(n, s.gdn_v_channels, s.hidden)
-        return a[0] + b[0], a[1] + b[1]
-
-    return _token_table(h, "gdn", s.gdn_weight_bytes, lambda: L.gdn_weights(s, h.device), call, work)
+    return _token_table(h, "gdn", s.gdn_weight_bytes, lambda: h.weights(L.gdn_weights), call, lambda n: gemms_work(
+        n, ((s.hidden, s.gdn_in_features), (s.gdn_v_channels, s.hidden)), s.weight_bytes(s.gdn_projections)))
 
 
 def attn_proj_table(h: Harness) -> list[dict]:
@@ -109,16 +114,8 @@ def attn_proj_table(h: Harness) -> list[dict]:
         slots = torch.randperm(n, device=h.device)
         return lambda: L.attn_forward(x, w, s, cos, sin, slots, kc, vc)
 
-    def work(n: int) -> tuple[float, float]:
-        a, b = _gemm_work(n, s.hidden, s.qkv_features), _gemm_work(n, s.q_heads * s.head_dim, s.hidden)
-        return a[0] + b[0], a[1] + b[1]
-
-    return _token_table(h, "attn_proj", s.attn_weight_bytes, lambda: L.attn_weights(s, h.device), call, work)
-
-
-def expected_experts(n: int, s: LayerShapes) -> float:
-    """Distinct experts n tokens touch under uniform top-k routing."""
-    return s.num_experts * (1.0 - (1.0 - s.top_k / s.num_experts) ** n)
+    return _token_table(h, "attn_proj", s.attn_weight_bytes, lambda: h.weights(L.attn_weights), call, lambda n: gemms_work(
+        n, ((s.hidden, s.qkv_features), (s.q_heads * s.head_dim, s.hidden)), s.attn_weight_bytes))
 
 
 def moe_table(h: Harness) -> list[dict]:
@@ -128,7 +125,7 @@ def moe_table(h: Harness) -> list[dict]:
         x = h.randn(n, s.hidden)
         return lambda: L.moe_forward(x, w, s)
 
-    return _token_table(h, "moe", s.moe_weight_bytes, lambda: L.moe_weights(s, h.device), call,
+    return _token_table(h, "moe", s.moe_weight_bytes, lambda: h.weights(L.moe_weights), call,
                         lambda n: moe_work(s, n))
 
 
@@ -139,33 +136,8 @@ def mlp_table(h: Harness) -> list[dict]:
         x = h.randn(n, s.hidden)
         return lambda: L.mlp_forward(x, w, s)
 
-    def work(n: int) -> tuple[float, float]:
-        a, b = _gemm_work(n, s.hidden, 2 * s.mlp_width), _gemm_work(n, s.mlp_width, s.hidden)
-        return a[0] + b[0], a[1] + b[1]
-
-    return _token_table(h, "mlp", s.mlp_weight_bytes, lambda: L.mlp_weights(s, h.device), call, work)
-
-
-def moe_work(s: LayerShapes, n: int) -> tuple[float, float]:
-    """flops and minimum bytes of the MoE on n tokens: the experts they touch read once."""
-    per_expert = 3 * s.hidden * s.expert_width
-    flops = 2.0 * n * (s.top_k * per_expert + 3 * s.hidden * s.shared_width + s.hidden * s.num_experts)
-    nbytes = 2.0 * (expected_experts(n, s) * per_expert + 3 * s.hidden * s.shared_width
-                    + s.hidden * s.num_experts + 2 * n * s.hidden)
-    return flops, nbytes
-
-
-def decode_work(s: LayerShapes, b: int, p: int, ctx: int) -> tuple[float, float]:
-    """flops and minimum bytes of B x P queries over ctx + P keys each: the KV read once, q and out."""
-    keys = ctx + p
-    return (4.0 * b * p * keys * s.q_heads * s.head_dim,
-            b * keys * s.kv_bytes_per_token + 2 * 2 * b * p * s.q_heads * s.head_dim)
-
-
-def prefill_work(s: LayerShapes, n: int, ctx: int) -> tuple[float, float]:
-    """flops (causal: half the chunk's own square) and minimum bytes of an n-token chunk after ctx."""
-    return (4.0 * s.q_heads * s.head_dim * n * (ctx + n / 2),
-            (ctx + n) * s.kv_bytes_per_token + 2 * 2 * n * s.q_heads * s.head_dim)
+    return _token_table(h, "mlp", s.mlp_weight_bytes, lambda: h.weights(L.mlp_weights), call, lambda n: gemms_work(
+        n, ((s.hidden, 2 * s.mlp_width), (s.mlp_width, s.hidden)), s.mlp_weight_bytes))
 
 
 def lm_head_table(h: Harness) -> list[dict]:
@@ -176,7 +148,7 @@ def lm_head_table(h: Harness) -> list[dict]:
         return lambda: L.lm_head_forward(x, w, s)
 
     def work(n: int) -> tuple[float, float]:
-        flops, nbytes = _gemm_work(n, s.hidden, s.vocab)
+        flops, nbytes = gemm_work(n, s.hidden, s.vocab)
         return flops, nbytes + 2.0 * 4 * n * s.vocab  # float32 logits written and read by argmax
 
     return _token_table(h, "lm_head", s.lm_head_weight_bytes, lambda: L.head_weights(s, h.device), call, work)
@@ -189,8 +161,8 @@ def mtp_fc_table(h: Harness) -> list[dict]:
         e, x = h.randn(n, s.hidden), h.randn(n, s.hidden)
         return lambda: L.mtp_fc_forward(e, x, w, s)
 
-    return _token_table(h, "mtp_fc", s.mtp_fc_weight_bytes, lambda: L.mtp_weights(s, h.device), call,
-                        lambda n: _gemm_work(n, 2 * s.hidden, s.hidden // s.tp))
+    return _token_table(h, "mtp_fc", s.mtp_fc_weight_bytes, lambda: h.weights(L.mtp_weights), call,
+                        lambda n: gemm_work(n, 2 * s.hidden, s.hidden // s.tp))
 
 
 def kv_block_tokens(s: LayerShapes) -> int:

@@ -256,7 +256,7 @@ MOE_PROFILE = (1, 4, 32)
 
 
 def bench_moe(r: Run, s: LayerShapes) -> None:
-    from calibrate.measure import moe_work
+    from calibrate.work import moe_work
 
     w = [moe_inputs(1, s.hidden, s.num_experts, s.expert_width, s.top_k, True, "cuda", seed=100 + i)
          for i in range(3)]

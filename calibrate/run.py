@@ -53,12 +53,14 @@ def kernel_rows(model: ModelConfig, mdir: Path, modes: tuple[str, ...], commit: 
 def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: Path, *, quick: bool = False,
             device: str = "cuda", modes: tuple[str, ...] = ("graph", "eager"), commit: str | None = None,
             time_budget_s: float | None = None, step_policy: str = "store_all", grid: Grid | None = None,
-            attn_backend: str = "triton",
+            attn_backend: str = "triton", fp8_gemm: str = "auto",
             log: Callable[[str], None] = print, on_job_done: Callable[[], None] = lambda: None) -> int:
     import torch
 
     from calibrate import measure as M
     from calibrate import stepcheck
+    from calibrate.fp8_linear import pick_gemm
+    from calibrate.layers_fp8 import fp8_kernel_names
     from calibrate.host import HostProbe
     from calibrate.shapes import LayerShapes
     from calibrate.timing import copy_bandwidth_gbs, matmul_tflops
@@ -79,8 +81,9 @@ def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: 
     probe = HostProbe(dev) if cuda else None
     probes = {"start": probe()} if probe else {}
     fa4 = load_attention(attn_backend, cuda)
-    h = M.Harness(LayerShapes.from_model(model), grid, dev, modes, bw, tflops, log=log,
-                  rotate_bytes=M.ROTATE_BYTES if cuda else 0, min_copies=3 if cuda else 1, fa4=fa4)
+    shapes = LayerShapes.from_model(model)
+    h = M.Harness(shapes, grid, dev, modes, bw, tflops, log=log, rotate_bytes=M.ROTATE_BYTES if cuda else 0,
+                  min_copies=3 if cuda else 1, fa4=fa4, fp8_gemm=pick_gemm(fp8_gemm, dev, log) if shapes.fp8 else None)
     mdir = out / model.name
     done, errors, skipped = {}, [], []
     earlier = provenance.read(mdir / "provenance.json").get("parts", [])
@@ -98,7 +101,9 @@ def measure(model: ModelConfig, hw: HardwareConfig, jobs: tuple[str, ...], out: 
         provenance.write(mdir / "provenance.json", {"model": model.name, "parts": [*earlier, part]})
     interrupted = False
     packaged: dict[str, str] = {}  # table -> the packaged kernel that priced it, where there is a choice
-    if "moe" in jobs and cuda and h.shapes.num_experts:
+    if h.fp8_gemm is not None:
+        packaged.update(fp8_kernel_names(h.shapes, h.fp8_gemm, jobs))
+    elif "moe" in jobs and cuda and h.shapes.num_experts:
         packaged["moe"] = moe_kernel_name(h.shapes)
     if fa4 is not None:
         packaged.update({t: f"flash-attn-4 {_version('flash-attn-4')}" for t in ("attn_decode", "attn_prefill")

@@ -36,8 +36,9 @@ def write_csv(path, rows, columns):
         w.writerows(rows)
 
 
-def make_tables(root, kernels=True, steps=True, skip=()):
-    mdir = root / MODEL
+def make_tables(root, kernels=True, steps=True, skip=(), model=MODEL):
+    """Every table of `model`'s calibration folder (its calibration_name) under root."""
+    mdir = root / model
     mdir.mkdir(parents=True)
     for name, spec in TABLES.items():
         if name in skip:
@@ -60,7 +61,7 @@ def make_tables(root, kernels=True, steps=True, skip=()):
     if kernels:
         cols = ("model", "policy", "B", "T", "tree", "verify_us", "commit_us", "total_us", "mode")
         write_csv(root / "kernels.csv", [
-            {"model": MODEL, "policy": "store_all", "B": b, "T": 4, "tree": "(1, 1, 1)", "verify_us": 10 + b,
+            {"model": model, "policy": "store_all", "B": b, "T": 4, "tree": "(1, 1, 1)", "verify_us": 10 + b,
              "commit_us": 2 + 0.1 * b, "total_us": 12 + 1.1 * b, "mode": mode}
             for b in (1, 8, 64, 512) for mode in ("graph", "eager")], cols)
     if steps:

@@ -2,13 +2,11 @@
 references, on the CPU through Triton's interpreter and on the GPU. Triton 3.9's interpreter
 rounds float32 to float8 wrongly (`_convert_float` ORs the rounding carry into the exponent, so a
 value that rounds up to a power of two comes out as half of it, and ties round up): the CPU tests
-cast through torch's round-to-nearest-even instead (`rtne_fp8`), which is the GPU's `cvt.rn`."""
+cast through torch's round-to-nearest-even instead (the `rtne_fp8` fixture of tests/conftest.py), which is the GPU's `cvt.rn`."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-import triton.language as tl
 
 from calibrate.kernels import fp8_gemm as G
 from calibrate.kernels import fused_moe_fp8 as M
@@ -20,21 +18,6 @@ gpu = pytest.mark.gpu
 
 def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
-
-
-@pytest.fixture
-def rtne_fp8(monkeypatch):
-    """The interpreter's float32 -> float8_e4m3fn casts done by torch (round to nearest even)."""
-    from triton.runtime import interpreter as I
-    convert = I._convert_float
-
-    def fixed(data, src, dst, rounding_mode):
-        if src == tl.float32 and dst == tl.float8e4nv and rounding_mode == I._ir.ROUNDING_MODE.RTNE:
-            x = torch.from_numpy(np.ascontiguousarray(data).view(np.float32))
-            return x.to(G.FP8).view(torch.uint8).numpy().reshape(data.shape)
-        return convert(data, src, dst, rounding_mode)
-
-    monkeypatch.setattr(I, "_convert_float", fixed)
 
 
 def test_weight_blocks_round_trip_within_one_fp8_step_per_block():
@@ -224,7 +207,7 @@ def test_bench_variants_are_valid_for_the_35b_at_every_token_count():
 def test_torch_block_mm_pads_m_to_four_as_vllm_and_cuts_back(monkeypatch, m):
     # F.scaled_mm stands in for cuBLASLt here: it refuses what cuBLASLt refused (M not a multiple
     # of 4) and otherwise multiplies as its block-wise contract says.
-    from calibrate import fp8_bench
+    from calibrate import fp8_linear
     import torch.nn.functional as F
 
     def fake(a, b, scale_a, _ta, scale_b, _tb, output_dtype):
@@ -233,10 +216,10 @@ def test_torch_block_mm_pads_m_to_four_as_vllm_and_cuts_back(monkeypatch, m):
 
     monkeypatch.setattr(F, "ScalingType", type("ST", (), {"BlockWise1x128": 0, "BlockWise128x128": 1}), raising=False)
     monkeypatch.setattr(F, "scaled_mm", fake, raising=False)
-    monkeypatch.setattr(fp8_bench, "B_LAYOUT", ["n_by_k"])
+    monkeypatch.setattr(fp8_linear, "B_LAYOUT", ["n_by_k"])
     a = torch.randn(m, 256, generator=_gen(m)).bfloat16()
     q, s = G.group_quant_ref(a)
     wq, ws = G.quantize_weight_blocks(torch.randn(384, 256, generator=_gen(9)) * 0.02)
-    out = fp8_bench.torch_block_mm(q, s, wq, ws)
+    out = fp8_linear.torch_block_mm(q, s, wq, ws)
     assert out.shape == (m, 384)
     assert torch.equal(out, G.fp8_block_gemm_ref(q, s, wq, ws, torch.bfloat16))

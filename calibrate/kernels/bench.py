@@ -27,6 +27,7 @@ import torch
 
 from calibrate import layers as L
 from calibrate import measure as M
+from calibrate import work as W
 from calibrate.grid import QUICK
 from calibrate.kernels import fused_moe as FM
 from calibrate.kernels import paged_attention as PA
@@ -249,7 +250,7 @@ def time_moe(b: Bench, roof: Roof, rows: list[dict]) -> None:
             xs = [torch.randn(t, s.hidden, device=b.device).to(torch.bfloat16) for _ in range(MOE_CALLS)]
             args = [{k: v for k, v in weights[i % 3].items() if k != "x"} for i in range(MOE_CALLS)]
             fns = [lambda x=x, a=a: FM.fused_moe(x, **a, config=cfg) for x, a in zip(xs, args)]
-            flops, nbytes = M.moe_work(s, t)
+            flops, nbytes = W.moe_work(s, t)
             tg, te, host = _time(b, fns)
             target = MOE_TARGETS_US.get(t)
             rows.append({"what": "fused_moe", "tokens": t, "config": _cfg(cfg), **roof.row(tg, te, host, flops, nbytes),
@@ -294,13 +295,13 @@ def time_attention(b: Bench, roof: Roof, rows: list[dict]) -> None:
         def run(kind=kind, shape=shape, cfg=cfg) -> None:
             if kind == "decode":
                 bb, p, c = shape
-                flops, nbytes = M.decode_work(s, bb, p, c)
+                flops, nbytes = W.decode_work(s, bb, p, c)
                 q = torch.randn(bb * p, s.q_heads, s.head_dim, device=b.device).to(torch.bfloat16)
                 batches = [pool.batch(p, [c + p] * bb) for _ in range(M.kv_copies(h, nbytes))]
                 label = {"B": bb, "P": p, "ctx": c}
             else:
                 n, c = shape
-                flops, nbytes = M.prefill_work(s, n, c)
+                flops, nbytes = W.prefill_work(s, n, c)
                 q = torch.randn(n, s.q_heads, s.head_dim, device=b.device).to(torch.bfloat16)
                 batches = [pool.batch(n, [c + n]) for _ in range(M.kv_copies(h, nbytes))]
                 label = {"B": 1, "P": n, "ctx": c}

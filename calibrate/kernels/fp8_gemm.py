@@ -44,7 +44,7 @@ def dequantize_weight_blocks(q: torch.Tensor, scale: torch.Tensor, block: int = 
 
 
 @triton.jit(do_not_specialize=["num_groups"])
-def _group_quant_kernel(x, xq, xs, num_groups, H, stride_x,
+def _group_quant_kernel(x, xq, xs, num_groups, H, stride_x, stride_st, stride_sg,
                         G: tl.constexpr, BLOCK_G: tl.constexpr, FMAX: tl.constexpr, EPS_: tl.constexpr):
     # BLOCK_G consecutive groups (row-major over tokens, then groups) per program: vLLM's CUDA
     # kernel gives a thread block up to 16 groups so that small rows still fill the SMs' lanes.
@@ -58,27 +58,30 @@ def _group_quant_kernel(x, xq, xs, num_groups, H, stride_x,
     b_s = tl.maximum(tl.max(tl.abs(b_x), 1), EPS_) / FMAX
     b_q = tl.clamp(b_x / b_s[:, None], -FMAX, FMAX)
     tl.store(xq + o_g[:, None].to(tl.int64) * G + o_c[None, :], b_q.to(xq.dtype.element_ty), mask=m_g[:, None])
-    tl.store(xs + o_g, b_s, mask=m_g)
+    tl.store(xs + row.to(tl.int64) * stride_st + (o_g % gpr) * stride_sg, b_s, mask=m_g)
 
 
 GROUPS_PER_PROGRAM = 16  # vLLM's GetGroupsPerBlock at most (csrc per_token_group_quant.cu)
 
 
-def group_quant(x: torch.Tensor, group: int = GROUP,
-                groups_per_program: int = GROUPS_PER_PROGRAM) -> tuple[torch.Tensor, torch.Tensor]:
+def group_quant(x: torch.Tensor, group: int = GROUP, groups_per_program: int = GROUPS_PER_PROGRAM,
+                column_major_scales: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, H] bf16 -> (fp8 [T, H], float32 scales [T, H/group]): x ~= q * scale per token and group.
-    `groups_per_program` 1 is one program per token and group (the Triton fallback's structure)."""
+    `groups_per_program` 1 is one program per token and group (the Triton fallback's structure);
+    `column_major_scales` stores the scales token-fastest (strides (1, T)), as vLLM's `QuantFP8`
+    writes them for its CUTLASS and DeepGEMM GEMMs and torch's BlockWise1x128 scaled_mm takes them."""
     T, H = x.shape
     if x.stride(1) != 1 or H % group:
         raise ValueError(f"group_quant: x must be contiguous along its last dimension of a multiple of {group}, "
                          f"got shape {tuple(x.shape)} strides {x.stride()}")
     xq = torch.empty(T, H, dtype=FP8, device=x.device)
-    xs = torch.empty(T, H // group, dtype=torch.float32, device=x.device)
+    xs = torch.empty(H // group, T, dtype=torch.float32, device=x.device).t() if column_major_scales else \
+        torch.empty(T, H // group, dtype=torch.float32, device=x.device)
     n = T * (H // group)
     if n:
         # [groups, 128] tiles: 16 groups over 4 warps hold 16 elements a thread, as vLLM's 16 threads a group do.
         _group_quant_kernel[(triton.cdiv(n, groups_per_program),)](
-            x, xq, xs, n, H, x.stride(0), G=group, BLOCK_G=groups_per_program, FMAX=FP8_MAX, EPS_=EPS,
+            x, xq, xs, n, H, x.stride(0), xs.stride(0), xs.stride(1), G=group, BLOCK_G=groups_per_program, FMAX=FP8_MAX, EPS_=EPS,
             num_warps=max(1, min(4, groups_per_program // 4)))
     return xq, xs
 

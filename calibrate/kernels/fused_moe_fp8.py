@@ -10,7 +10,8 @@ the pair grouping and the final combine are fused_moe.py's too.
 Two differences from vLLM, both saving a pass over the intermediate: SiLU(gate) * up is
 quantised in the gate+up GEMM's epilogue, one scale per row and `block_n` columns (vLLM runs
 `per_token_group_quant_fp8` on it with groups of 128: ours are as fine or finer), and the shared
-expert rides along as expert E.
+expert, when given, rides along as expert E (vLLM runs it as a dense block-FP8 MLP: the calibrator's
+MoE layer does too, passing none here).
 """
 from __future__ import annotations
 
@@ -35,12 +36,13 @@ def default_config(tokens: int) -> FM.MoEConfig:
 
 def fused_moe_fp8(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w13_s: torch.Tensor,
                   w2: torch.Tensor, w2_s: torch.Tensor, top_k: int,
-                  shared_w13: torch.Tensor, shared_w13_s: torch.Tensor, shared_w2: torch.Tensor,
-                  shared_w2_s: torch.Tensor, shared_gate_w: torch.Tensor,
-                  config: FM.MoEConfig | None = None) -> torch.Tensor:
+                  shared_w13: torch.Tensor | None, shared_w13_s: torch.Tensor | None, shared_w2: torch.Tensor | None,
+                  shared_w2_s: torch.Tensor | None, shared_gate_w: torch.Tensor | None,
+                  config: FM.MoEConfig | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, hidden] bf16; router_w [E, hidden] and shared_gate_w [1, hidden] bf16; w13 [E, 2I, hidden]
     and w2 [E, hidden, I] fp8 with float32 block scales w13_s [E, 2I/128, hidden/128], w2_s
-    [E, hidden/128, I/128]; the shared expert's likewise, width I. Returns [T, hidden] bf16."""
+    [E, hidden/128, I/128]; the shared expert's likewise, width I, or all None. Returns [T, hidden]
+    bf16, plus `residual` [T, hidden] when given (added in the final reduction)."""
     T, H = x.shape
     E, I = w13.shape[0], w13.shape[1] // 2
     cfg = config or default_config(T)
@@ -50,8 +52,15 @@ def fused_moe_fp8(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w1
     if w13.dtype != FP8 or w2.dtype != FP8 or w13_s.shape != (E, 2 * I // GROUP, H // GROUP) \
             or w2_s.shape != (E, H // GROUP, I // GROUP):
         raise ValueError("fused_moe_fp8: w13, w2 must be float8_e4m3fn with [E, N/128, K/128] float32 scales")
+    shared = (shared_w13, shared_w13_s, shared_w2, shared_w2_s, shared_gate_w)
+    if any(t is None for t in shared) and any(t is not None for t in shared):
+        raise ValueError("fused_moe_fp8: the shared expert's weights, scales and gate must be all given or all None")
+    if residual is not None and (residual.shape != x.shape or not residual.is_contiguous()):
+        raise ValueError(f"fused_moe_fp8: residual {tuple(residual.shape)} must be contiguous and match x {tuple(x.shape)}")
     if T == 0:
-        return torch.empty_like(x)
+        return torch.empty_like(x) if residual is None else residual.clone()
+    if shared_w13 is None:  # the kernels' shared-expert pointers are never followed without pairs of expert E
+        shared_w13, shared_w13_s, shared_w2, shared_w2_s = w13, w13_s, w2, w2_s
     dev = x.device
     r = FM.route(x, router_w, shared_gate_w, top_k, E, cfg)
     xq, xs = group_quant(x)
@@ -74,16 +83,17 @@ def fused_moe_fp8(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w1
         act_s=act_s, w2_s=w2_s, shared2_s=shared_w2_s, stride_se=w2_s.stride(0), FP8=True, G=GROUP,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     out = torch.empty_like(x)
-    FM._combine_kernel[(T, triton.cdiv(H, 1024))](y, x, out, T, H, NP=r.pairs_per_token, HAS_RES=False,
-                                                   BLOCK_H=1024)
+    FM._combine_kernel[(T, triton.cdiv(H, 1024))](y, x if residual is None else residual, out, T, H,
+                                                   NP=r.pairs_per_token, HAS_RES=residual is not None, BLOCK_H=1024)
     return out
 
 
 def fused_moe_fp8_ref(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w13_s: torch.Tensor,
                       w2: torch.Tensor, w2_s: torch.Tensor, top_k: int,
-                      shared_w13: torch.Tensor, shared_w13_s: torch.Tensor, shared_w2: torch.Tensor,
-                      shared_w2_s: torch.Tensor, shared_gate_w: torch.Tensor,
-                      config: FM.MoEConfig | None = None) -> torch.Tensor:
+                      shared_w13: torch.Tensor | None, shared_w13_s: torch.Tensor | None,
+                      shared_w2: torch.Tensor | None, shared_w2_s: torch.Tensor | None,
+                      shared_gate_w: torch.Tensor | None, config: FM.MoEConfig | None = None,
+                      residual: torch.Tensor | None = None) -> torch.Tensor:
     """float64 of the dequantised weights, the tokens quantised as the kernel does (groups of 128)
     and the intermediate quantised per row and `block_n` columns of the config the kernel would use."""
     T, H = x.shape
@@ -103,6 +113,9 @@ def fused_moe_fp8_ref(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor
     for e in topi.unique().tolist():
         tok, slot = (topi == e).nonzero(as_tuple=True)
         out.index_add_(0, tok, topw[tok, slot, None] * expert(x64[tok], w13[e], w13_s[e], w2[e], w2_s[e]))
-    gate = torch.sigmoid(x.to(torch.float64) @ shared_gate_w.to(torch.float64).T)
-    out += gate * expert(x64, shared_w13, shared_w13_s, shared_w2, shared_w2_s)
+    if shared_gate_w is not None:
+        gate = torch.sigmoid(x.to(torch.float64) @ shared_gate_w.to(torch.float64).T)
+        out += gate * expert(x64, shared_w13, shared_w13_s, shared_w2, shared_w2_s)
+    if residual is not None:
+        out += residual.to(torch.float64)
     return out.to(x.dtype)

@@ -27,7 +27,7 @@ from calibrate.kernels import bench as KB
 from calibrate.kernels import fused_moe as FM
 from calibrate.kernels import moe_configs as MC
 from calibrate.kernels.inputs import moe_inputs
-from calibrate.measure import moe_work
+from calibrate.work import moe_work
 from calibrate.timing import copy_bandwidth_gbs, matmul_tflops, time_calls
 
 TOKENS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096, 8192)
