@@ -79,6 +79,7 @@ class PipelinePricing:
         self._dense: dict[int, tuple[float, float, float, float]] = {}
         self._drafter: dict[tuple[int, int, int], tuple[list[tuple[int, float]], tuple[int, ...]]] = {}
         self._drafter_pass: dict[tuple[int, int], float] = {}
+        self._cores: dict[int | tuple[int, int], CorePart] = {}  # by chunk tokens, or (requests, tokens) of a decode
         self._attn_layers = lat.model.attn_layers  # asked every step; the model does not change
 
     def step_time(self, b: StepBatch) -> StepTime:
@@ -186,18 +187,30 @@ class PipelinePricing:
         ops.append(PipelineOp(host.us("sample", rows), lm, 0, 0))
         ops += [PipelineOp(host.us("drafter_pass", t), gpu + 2 * lat.allreduce_s(t) / US, i, 1)
                 for i, (t, gpu) in enumerate(passes)]
-        attn_prefill = lat.tables[("attn_prefill", "graph")]
         return ShapeParts(us, ops, sum(map(itemgetter(0), ops)), host.us("step_prepare", R), host.us("step_finish", R),
                           self._decode_core(B, b.decode_tokens) if B else None,
-                          tuple([CorePart(lat.derived_factor(t), attn_prefill.partial(t)) for t, _ in b.chunks]),
+                          tuple([self._chunk_core(t) for t, _ in b.chunks]),
                           tuple([self._decode_core(R, R * w) for w in widths]))
 
     def _decode_core(self, seqs: int, tokens: int) -> CorePart:
-        """An attention core over `seqs` decoding requests of `tokens` query tokens in all."""
-        lat = self.lat
-        per_seq = tokens / seqs
-        return CorePart(lat.derived_factor(per_seq * lat.q_per_kv),
-                        lat.tables[("attn_decode", "graph")].partial(seqs, per_seq))
+        """An attention core over `seqs` decoding requests of `tokens` query tokens in all (one
+        object per pair, shared by the shapes that have it: a loaded run keeps tens of thousands)."""
+        part = self._cores.get((seqs, tokens))
+        if part is None:
+            lat = self.lat
+            per_seq = tokens / seqs
+            part = self._cores[(seqs, tokens)] = CorePart(lat.derived_factor(per_seq * lat.q_per_kv),
+                                                          lat.tables[("attn_decode", "graph")].partial(seqs, per_seq))
+        return part
+
+    def _chunk_core(self, tokens: int) -> CorePart:
+        """The attention core of one prefill chunk of `tokens` (shared as `_decode_core`'s)."""
+        part = self._cores.get(tokens)
+        if part is None:
+            lat = self.lat
+            part = self._cores[tokens] = CorePart(lat.derived_factor(tokens),
+                                                  lat.tables[("attn_prefill", "graph")].partial(tokens))
+        return part
 
     def gdn_decode_us(self, b: StepBatch) -> tuple[float, float]:
         """(verify, commit) GPU time of one GDN layer for the decoding requests."""
