@@ -22,7 +22,7 @@ GPU_PY    ?= $(PY)
 GPU       ?= h200
 
 .PHONY: help venv dev test test-slow test-gpu sweep figures plan-example calibrate calibrate-validate \
-        bench bench-sim bench-kernels docs replay-steps validate clean
+        bench bench-sim bench-kernels docs replay-steps validate carry clean
 
 help:
 	@echo "make sweep WORKLOAD=sharegpt   main job: grid sweep + figures on the committed calibration"
@@ -34,6 +34,7 @@ help:
 	@echo "make plan-example              specsim plan's worked example (20 configurations on ShareGPT) into docs/plan/"
 	@echo "make docs                      rerun the README's sweeps and runs into docs/ and rewrite its numbers"
 	@echo "make replay-steps              the 18 traced runs that calibrate replay executes (runs/replay/)"
+	@echo "make carry                     the GPU machine's packages as .carry-a/ and .carry-b/ (pip download; CARRY_WHEELS=DIR: no download)"
 
 venv: $(VENV)/.base-stamp
 dev: $(VENV)/.dev-stamp
@@ -135,6 +136,13 @@ replay-steps: venv
 	  $(PY) -m sim run --model qwen3.5-35b-a3b --hardware h200 --policy $$p --workload sharegpt --gmu $$g \
 	    --concurrency $${c%%:*} --num-requests $${c##*:} --trace-steps --out runs/replay/$$p-g$$g-c$${c%%:*} \
 	    > runs/replay/$$p-g$$g-c$${c%%:*}.log || exit 1; done; done; done
+
+# The packages the GPU machine's image lacks, for two device commands (docs/vllm_kernels.md, "Carrying
+# the CuTe DSL packages to the device"): the pinned wheels (calibrate/carry_pins.toml) downloaded into
+# .carry-wheels/, or read from CARRY_WHEELS, then .carry-a/ and .carry-b/ built (xz -9e: minutes).
+CARRY_WHEELS ?=
+carry: venv
+	$(PY) -m calibrate.carry_pack --out . $(if $(CARRY_WHEELS),--wheels $(CARRY_WHEELS))
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
