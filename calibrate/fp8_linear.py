@@ -126,7 +126,8 @@ def pick_gemm(choice: str, device: torch.device, log: Callable[[str], None] = pr
     if why is None:
         return torch_gemm()
     if choice == "torch":
-        raise SystemExit(f"calibrate measure: --fp8-gemm torch, but torch's block-wise scaled_mm fails its check here: {why}")
+        raise SystemExit(f"calibrate measure: --fp8-gemm torch, but torch's block-wise scaled_mm fails its check "
+                         f"here: {why}")
     log(f"  torch block-wise scaled_mm unusable ({why}): block-FP8 projections on our Triton GEMM")
     return TRITON
 

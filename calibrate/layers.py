@@ -93,7 +93,10 @@ def gdn_forward(x: torch.Tensor, w: GDNWeights, s: LayerShapes, conv_state: torc
     [kernel - 1, conv_channels], the rolling window, updated in place."""
     n = x.shape[0]
     proj = gdn_in(x, w, s)
-    qkv, z, b, a = proj.split([s.gdn_conv_channels, s.gdn_v_channels, s.gdn_v_heads, s.gdn_v_heads], -1)
+    if isinstance(proj, tuple):  # a block-FP8 in_proj: (q, k, v and z; b and a)
+        (qkv, z), (b, a) = proj[0].split([s.gdn_conv_channels, s.gdn_v_channels], -1), proj[1].chunk(2, -1)
+    else:
+        qkv, z, b, a = proj.split([s.gdn_conv_channels, s.gdn_v_channels, s.gdn_v_heads, s.gdn_v_heads], -1)
     # Depthwise causal conv (kernel K) over the token stream, continuing the rolling window.
     xs = torch.cat([conv_state, qkv], 0)
     y = xs[0:n] * w.conv[0]

@@ -97,11 +97,12 @@ def gdn_table(h: Harness) -> list[dict]:
         # stands in random (its conv and gating are gdn_decode_conv's and gdn_prefill_varlen's).
         # (A block-FP8 in_proj returns vLLM's two projections: z is in the first, at the same columns.)
         x, o = h.randn(n, s.hidden), h.randn(n, s.gdn_v_channels)
-        first = (lambda p: p[0]) if s.fp8 else (lambda p: p)
+        first = (lambda p: p) if isinstance(w.in_proj, torch.Tensor) else (lambda p: p[0])
         return lambda: x + L.gdn_out(o, first(L.gdn_in(x, w, s))[:, z], w, s)
 
-    return _token_table(h, "gdn", s.gdn_weight_bytes, lambda: h.weights(L.gdn_weights), call, lambda n: gemms_work(
-        n, ((s.hidden, s.gdn_in_features), (s.gdn_v_channels, s.hidden)), s.weight_bytes(s.gdn_projections)))
+    gemms = ((s.hidden, s.gdn_in_features), (s.gdn_v_channels, s.hidden))
+    return _token_table(h, "gdn", s.gdn_weight_bytes, lambda: h.weights(L.gdn_weights), call,
+                        lambda n: gemms_work(n, gemms, s.weight_bytes(s.gdn_projections)))
 
 
 def attn_proj_table(h: Harness) -> list[dict]:
@@ -114,8 +115,9 @@ def attn_proj_table(h: Harness) -> list[dict]:
         slots = torch.randperm(n, device=h.device)
         return lambda: L.attn_forward(x, w, s, cos, sin, slots, kc, vc)
 
-    return _token_table(h, "attn_proj", s.attn_weight_bytes, lambda: h.weights(L.attn_weights), call, lambda n: gemms_work(
-        n, ((s.hidden, s.qkv_features), (s.q_heads * s.head_dim, s.hidden)), s.attn_weight_bytes))
+    gemms = ((s.hidden, s.qkv_features), (s.q_heads * s.head_dim, s.hidden))
+    return _token_table(h, "attn_proj", s.attn_weight_bytes, lambda: h.weights(L.attn_weights), call,
+                        lambda n: gemms_work(n, gemms, s.attn_weight_bytes))
 
 
 def moe_table(h: Harness) -> list[dict]:

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from core.config import ModelConfig
 from core.projections import (Projection, attention_projections, elements, gdn_projections, mlp_projections,
                               moe_projections)
-from core.weight_bytes import FP8_BLOCK, FP8_BYTES, SCALE_BYTES, attn_quantised, block_scales, ffn_quantised, gdn_quantised
+from core.weight_bytes import (FP8_BLOCK, FP8_BYTES, SCALE_BYTES, attn_quantised, block_scales, ffn_quantised,
+                               gdn_quantised)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ CUDA graph (and eagerly), is the fidelity anchor for the sum-of-parts latency mo
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import statistics
 import time
@@ -36,14 +37,30 @@ class Weights:
 
     @classmethod
     def build(cls, h: Harness) -> "Weights":
+        return cls.of(h, COPIES)
+
+    @classmethod
+    def of(cls, h: Harness, copies: int) -> "Weights":
+        """Random weights in the checkpoint's form (Harness.weights: bf16, or block-FP8)."""
         s, d = h.shapes, h.device
-        return cls([L.gdn_weights(s, d) for _ in range(COPIES)], [L.attn_weights(s, d) for _ in range(COPIES)],
-                   [L.ffn_weights(s, d) for _ in range(COPIES)], L.head_weights(s, d),
-                   L._w(s.vocab, s.hidden, device=d), L.mtp_weights(s, d), L.attn_weights(s, d), L.ffn_weights(s, d))
+        return cls([h.weights(L.gdn_weights) for _ in range(copies)],
+                   [h.weights(L.attn_weights) for _ in range(copies)],
+                   [h.weights(L.ffn_weights) for _ in range(copies)], L.head_weights(s, d),
+                   L._w(s.vocab, s.hidden, device=d), h.weights(L.mtp_weights), h.weights(L.attn_weights),
+                   h.weights(L.ffn_weights))
 
 
-def tensor_bytes(obj: object) -> int:
-    return sum(t.numel() * t.element_size() for t in vars(obj).values() if isinstance(t, torch.Tensor))
+def tensor_bytes(obj: object, seen: set[int] | None = None) -> int:
+    """Bytes of the tensors a weights object holds, those of its block-FP8 projections included, each once."""
+    seen = set() if seen is None else seen
+    total = 0
+    for t in vars(obj).values():
+        if isinstance(t, torch.Tensor) and t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+        elif dataclasses.is_dataclass(t) and not isinstance(t, type):
+            total += tensor_bytes(t, seen)
+    return total
 
 
 def load_kernel(policy: str) -> object | None:
@@ -207,9 +224,7 @@ def _rec_inputs(h: Harness, step: Step) -> tuple[torch.Tensor, ...]:
 def memory_report(h: Harness, model: object, max_seqs: int) -> dict:
     """Activation peak of a max-token forward per GPU, weights per GPU, state/KV bytes per request."""
     s, d = h.shapes, h.device
-    one = Weights(gdn=[L.gdn_weights(s, d)], attn=[L.attn_weights(s, d)], ffn=[L.ffn_weights(s, d)],
-                  head=L.head_weights(s, d), embed=L._w(s.vocab, s.hidden, device=d), mtp=L.mtp_weights(s, d),
-                  mtp_attn=L.attn_weights(s, d), mtp_ffn=L.ffn_weights(s, d))
+    one = Weights.of(h, 1)
     layers = s.gdn_layers + s.attn_layers
     weights = (s.gdn_layers * tensor_bytes(one.gdn[0]) + s.attn_layers * tensor_bytes(one.attn[0])
                + layers * tensor_bytes(one.ffn[0]) + tensor_bytes(one.head) + one.embed.numel() * 2

@@ -25,9 +25,12 @@ from tiny_model import TINY_FP8
 pytestmark = pytest.mark.usefixtures("nan_poison", "rtne_fp8")
 S = LayerShapes.from_model(validate(ModelConfig, TINY_FP8, "tiny fp8"))
 CPU = torch.device("cpu")
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the layer tests run on the GPU where there is one
+# ours everywhere, and torch's block-wise scaled_mm where it runs
+GEMMS = pytest.mark.parametrize("gemm", ["triton"] + (["torch"] if DEV.type == "cuda" else []))
 TOL = 2e-2
 GRID = Grid(tokens=(1, 2, 4), decode_b=(1,), decode_p=(1,), decode_ctx=(16,), prefill_chunk=(8,), prefill_ctx=(0,),
-            step_shapes=(), activation_tokens=(8,), name="tiny")
+            step_shapes=((2, 2, 16),), activation_tokens=(8,), name="tiny")
 
 
 def _qdq(h: torch.Tensor) -> torch.Tensor:
@@ -75,9 +78,10 @@ def test_fp8_weights_quantise_the_checkpoints_projections_and_keep_the_rest():
     assert isinstance(mtp.fc, torch.Tensor)  # mtp.fc is not among the checkpoint's block-FP8 projections
 
 
-def test_gdn_dense_halves_match_the_float64_reference():
-    w = fp8_weights(L.gdn_weights(S, CPU), S, FL.TRITON)
-    x, o = torch.randn(6, S.hidden).bfloat16(), torch.randn(6, S.gdn_v_channels).bfloat16()
+@GEMMS
+def test_gdn_dense_halves_match_the_float64_reference(gemm):
+    w = fp8_weights(L.gdn_weights(S, DEV), S, FL.pick_gemm(gemm, DEV))
+    x, o = torch.randn(6, S.hidden, device=DEV).bfloat16(), torch.randn(6, S.gdn_v_channels, device=DEV).bfloat16()
     qkvz, ba = L.gdn_in(x, w, S)
     r = _ref(w)
     qkvz_r, ba_r = L.gdn_in(x.double(), r, S)
@@ -87,35 +91,39 @@ def test_gdn_dense_halves_match_the_float64_reference():
     assert rel_err(out.double(), L.gdn_out(o.double(), z.double(), r, S)) < TOL
 
 
-def test_attn_forward_matches_the_float64_reference():
-    w = fp8_weights(L.attn_weights(S, CPU), S, FL.TRITON)
+@GEMMS
+def test_attn_forward_matches_the_float64_reference(gemm):
+    w = fp8_weights(L.attn_weights(S, DEV), S, FL.pick_gemm(gemm, DEV))
     n = 7
-    x = torch.randn(n, S.hidden).bfloat16()
-    cos, sin = L.rope_tables(torch.arange(n) + 100, S.rotary_dim)
-    slots = torch.randperm(n)
-    kc, vc = torch.empty(n, S.kv_heads, S.head_dim).bfloat16(), torch.empty(n, S.kv_heads, S.head_dim).bfloat16()
+    x = torch.randn(n, S.hidden, device=DEV).bfloat16()
+    cos, sin = L.rope_tables(torch.arange(n, device=DEV) + 100, S.rotary_dim)
+    slots = torch.randperm(n, device=DEV)
+    kv = (n, S.kv_heads, S.head_dim)
+    kc, vc = torch.empty(kv, device=DEV).bfloat16(), torch.empty(kv, device=DEV).bfloat16()
     out = L.attn_forward(x, w, S, cos, sin, slots, kc, vc)
-    kr, vr = torch.empty(n, S.kv_heads, S.head_dim).double(), torch.empty(n, S.kv_heads, S.head_dim).double()
+    kr, vr = torch.empty(kv, device=DEV).double(), torch.empty(kv, device=DEV).double()
     ref = L.attn_forward(x.double(), _ref(w), S, cos, sin, slots, kr, vr)
     assert rel_err(out.double() - x.double(), ref - x.double()) < TOL  # the layer's increment, not the residual
     assert rel_err(kc.double(), kr) < TOL and rel_err(vc.double(), vr) < TOL
 
 
-def test_mlp_forward_matches_the_float64_reference():
+@GEMMS
+def test_mlp_forward_matches_the_float64_reference(gemm):
     s = dataclasses.replace(S, num_experts=0, top_k=0, expert_width=0, shared_width=0, mlp_width=256,
                             fp8_projections=frozenset({"gate_proj", "up_proj", "down_proj"}))
-    w = fp8_weights(L.mlp_weights(s, CPU), s, FL.TRITON)
+    w = fp8_weights(L.mlp_weights(s, DEV), s, FL.pick_gemm(gemm, DEV))
     assert isinstance(w.w13, FL.Fp8Linear) and isinstance(w.w2, FL.Fp8Linear)
-    x = (0.1 * torch.randn(5, s.hidden)).bfloat16()  # a small residual: the sum's bf16 rounding stays small
+    x = (0.1 * torch.randn(5, s.hidden, device=DEV)).bfloat16()  # a small residual: the sum's bf16 rounding stays small
     out = L.ffn_forward(x, w, s)
     ref = L.ffn_forward(x.double(), _ref(w), s)
     assert rel_err(out.double() - x.double(), ref - x.double()) < TOL
 
 
+@GEMMS
 @pytest.mark.parametrize("T", [5, 20])  # one pair per M-block, and the expert-sorted path
-def test_moe_forward_routes_fp8_experts_and_runs_the_shared_expert_dense(T):
-    w = fp8_weights(L.moe_weights(S, CPU), S, FL.TRITON)
-    x = (torch.randn(1, S.hidden) + 0.5 * torch.randn(T, S.hidden)).bfloat16()
+def test_moe_forward_routes_fp8_experts_and_runs_the_shared_expert_dense(T, gemm):
+    w = fp8_weights(L.moe_weights(S, DEV), S, FL.pick_gemm(gemm, DEV))
+    x = (torch.randn(1, S.hidden, device=DEV) + 0.5 * torch.randn(T, S.hidden, device=DEV)).bfloat16()
     out = L.moe_forward(x, w, S)
     h = F.rms_norm(x, (S.hidden,), w.norm, L.EPS)  # the routing follows the bf16 norm, as the kernel's
     routed = fused_moe_fp8_ref(h, w.router, w.w13, w.w13_s, w.w2, w.w2_s, S.top_k, None, None, None, None, None,
@@ -153,6 +161,7 @@ def test_pick_gemm_takes_torchs_only_where_it_passes_its_check(capsys):
         FL.pick_gemm("cutlass", CPU)
 
 
+@pytest.mark.skipif(DEV.type == "cuda", reason="the CPU harness: Triton's interpreter runs the kernels")
 def test_measure_writes_an_fp8_checkpoints_tables_at_fp8_weight_bytes(tmp_path, monkeypatch):
     from calibrate.run import measure
 
@@ -160,24 +169,49 @@ def test_measure_writes_an_fp8_checkpoints_tables_at_fp8_weight_bytes(tmp_path, 
     call = FL.Fp8Linear.__call__
     monkeypatch.setattr(FL.Fp8Linear, "__call__", lambda self, x: calls.append(x.shape) or call(self, x))
     model = validate(ModelConfig, TINY_FP8, "tiny fp8")
+    bf16_model = validate(ModelConfig, {**TINY_FP8, "weights": "bf16"}, "tiny bf16")
     jobs = ("gdn", "attn_proj", "moe", "lm_head", "mtp_fc")
-    assert measure(model, load_hardware("h200"), jobs, tmp_path, device="cpu", modes=("eager",), commit="abc",
-                   grid=GRID, log=lambda s: None) == 0
+    for m, todo in ((model, jobs + ("memory",)), (bf16_model, ("memory",))):
+        assert measure(m, load_hardware("h200"), todo, tmp_path / m.weights, device="cpu", modes=("eager",),
+                       commit="abc", grid=GRID, log=lambda s: None) == 0
     assert calls  # the block-FP8 projections ran
-    mdir = tmp_path / model.name
+    mdir = tmp_path / "fp8" / model.name
     rows = {j: list(csv.DictReader((mdir / f"{j}.csv").open())) for j in jobs}
+    measured = {w: json.loads((tmp_path / w / model.name / "memory.json").read_text())["checks"]
+                ["weights_per_gpu_bytes"]["measured_tensors"] for w in ("fp8", "bf16")}
+    assert 0.5 < measured["fp8"] / measured["bf16"] < 0.6  # the embedding and LM head stay bf16
     assert all(len(r) == len(GRID.tokens) and float(x["us"]) > 0 for r in rows.values() for x in r)
     bf16 = LayerShapes.from_model(validate(ModelConfig, {**TINY_FP8, "weights": "bf16"}, "tiny bf16"))
     n = int(rows["attn_proj"][-1]["tokens"])
     act = 2 * n * (S.hidden + S.qkv_features) + 2 * n * (S.q_heads * S.head_dim + S.hidden)
     # one byte a weight plus a float32 scale per 128 x 128 block: q/gate, k, v and o_proj
-    assert int(rows["attn_proj"][-1]["bytes"]) == S.attn_weight_bytes + act == (256 + 128 + 128 + 128) * 128 + 4 * 5 + act
+    assert int(rows["attn_proj"][-1]["bytes"]) == S.attn_weight_bytes + act == (256 + 3 * 128) * 128 + 4 * 5 + act
     assert S.attn_weight_bytes < bf16.attn_weight_bytes / 1.9
     fp8_gdn = (512 * 128 + 128 * 128) + 4 * (4 + 1) + 2 * 2 * 128  # qkvz, out_proj and their scales; b, a in bf16
     n = int(rows["gdn"][-1]["tokens"])
-    assert int(rows["gdn"][-1]["bytes"]) == fp8_gdn + 2 * n * (S.hidden + S.gdn_in_features + S.gdn_v_channels + S.hidden)
+    act = 2 * n * (S.hidden + S.gdn_in_features + S.gdn_v_channels + S.hidden)
+    assert int(rows["gdn"][-1]["bytes"]) == fp8_gdn + act
     assert moe_work(bf16, 1)[1] / 2.1 < int(rows["moe"][0]["bytes"]) < moe_work(bf16, 1)[1] / 1.8
     part = json.loads((mdir / "provenance.json").read_text())["parts"][-1]
     kernels = part["packaged_kernels"]
     assert set(kernels) == {"gdn", "attn_proj", "moe"}  # the LM head and mtp.fc stay bf16
     assert "fp8_block_gemm" in kernels["gdn"] and "fused_moe_fp8" in kernels["moe"]
+
+
+@pytest.mark.skipif(DEV.type == "cuda", reason="the CPU harness: Triton's interpreter runs the kernels")
+@pytest.mark.slow  # a whole speculative step of the tiny model in the interpreter: about a minute
+def test_step_check_runs_the_fp8_checkpoints_layers(tmp_path, monkeypatch):
+    from calibrate import stepcheck
+    from calibrate.run import measure
+
+    calls = []
+    call = FL.Fp8Linear.__call__
+    monkeypatch.setattr(FL.Fp8Linear, "__call__", lambda self, x: calls.append(x.shape) or call(self, x))
+    monkeypatch.setattr(stepcheck, "load_kernel", lambda name: None)  # the step without its GDN recurrence
+    model = validate(ModelConfig, TINY_FP8, "tiny fp8")
+    assert measure(model, load_hardware("h200"), ("step_check",), tmp_path, device="cpu", modes=("eager",),
+                   commit="abc", grid=GRID, log=lambda s: None) == 0
+    steps = list(csv.DictReader((tmp_path / model.name / "step_check.csv").open()))
+    assert len(steps) == len(GRID.step_shapes) and all(float(r["step_us"]) > 0 for r in steps)
+    b, p, _ = GRID.step_shapes[0]
+    assert (b * p, S.hidden) in calls  # the target's projections at the step's tokens
