@@ -151,6 +151,25 @@ def test_torch_linear_pads_the_rows_before_quantising_and_cuts_back(monkeypatch,
     assert rel_err(out.double(), Ref(lin)(x)) < TOL
 
 
+@pytest.mark.skipif(DEV.type == "cuda", reason="a stand-in scaled_mm on the CPU")
+def test_the_check_finds_the_weight_scale_layout_or_says_why_none_works(monkeypatch):
+    def fake(a, b, scale_a, _ta, scale_b, _tb, output_dtype):
+        if scale_b.shape != (b.shape[1] // 128, b.shape[0] // 128):
+            raise RuntimeError("scale_b must be N/128 x K/128")
+        return G.fp8_block_gemm_ref(a, scale_a, b.t(), scale_b, output_dtype)
+
+    monkeypatch.setattr(F, "ScalingType", type("ST", (), {"BlockWise1x128": 0, "BlockWise128x128": 1}), raising=False)
+    monkeypatch.setattr(F, "scaled_mm", fake, raising=False)
+    monkeypatch.setattr(FL, "B_LAYOUT", [])
+    assert FL.check_torch_block_mm(CPU, 256, 256) is None and FL.B_LAYOUT == ["n_by_k"]
+
+    def refuse(*a, **k):
+        raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED")
+    monkeypatch.setattr(F, "scaled_mm", refuse, raising=False)
+    why = FL.check_torch_block_mm(CPU, 256, 256)
+    assert "n_by_k M=16: RuntimeError: CUBLAS_STATUS_NOT_SUPPORTED" in why and FL.B_LAYOUT == []
+
+
 def test_pick_gemm_takes_torchs_only_where_it_passes_its_check(capsys):
     assert FL.pick_gemm("triton", CPU) is FL.TRITON
     logged = []
