@@ -57,19 +57,18 @@ class Engine:
         self.env = env
         self.acceptance = acceptance
         self.scheduler = scheduler
-        self.latency = latency
         self.policy = policy
         self.steps = steps
-        self.draft_depth = policy.model.mtp_depth
         self.spec_enabled = scheduler.verify_positions > 1
-        self.tree_forces_eager = policy.forces_eager()
+        self.draft_depth = policy.model.mtp_depth if self.spec_enabled else 0  # drafter passes a step runs
         self.commit_state_kept = policy.request_state() is not None  # replay's input cache, per request
-        # vLLM's capture sizes (sim.dispatch): fixed for the run, so asked once
-        self.capture_sizes = capture_sizes(scheduler.max_seqs, scheduler.max_tokens, scheduler.verify_positions)
         self.async_scheduling = scheduler.async_scheduling
+        # vLLM's capture sizes (sim.dispatch) are fixed for the run, so asked once
         self.prices = StepPrices(latency, steps, verify_positions=scheduler.verify_positions,
-                                 draft_depth=self.draft_depth if self.spec_enabled else 0, sizes=self.capture_sizes,
-                                 full_graph_ok=not self.tree_forces_eager)
+                                 draft_depth=self.draft_depth,
+                                 sizes=capture_sizes(scheduler.max_seqs, scheduler.max_tokens,
+                                                     scheduler.verify_positions),
+                                 full_graph_ok=not policy.forces_eager())
         self.on_done = lambda req: None  # the client's callback for finished requests
         self._wake: simpy.Event | None = None
 
@@ -178,7 +177,7 @@ class Engine:
             work = [r.commit_state.verify_work() if sp else (0, True) for sp, r in zip(spec, reqs)]
             replayed, flush = [w[0] for w in work], [w[1] for w in work]
         return column_totals(BatchColumns(tokens, contexts, decoding, spec, replayed, flush), verify_positions=vp,
-                             draft_depth=self.draft_depth if self.spec_enabled else 0)
+                             draft_depth=self.draft_depth)
 
     def _traced(self, plan: StepPlan) -> tuple[TracedRequest, ...]:
         """The plan's requests in detail, for the step trace. A chain truncated to the token budget
