@@ -21,6 +21,8 @@ from collections import Counter
 from itertools import product
 from typing import Sequence
 
+import numpy as np
+
 SCALES = ("log", "linear")
 
 
@@ -143,6 +145,7 @@ class Curve1D:
         self.v: list[float | None] = ([None] * len(self.ax) if values is None else
                                       [math.log(v) if self.is_log else v for v in values])
         self.memo: dict[float, float] = {}
+        self._arrays: tuple[np.ndarray, np.ndarray] | None = None  # the axis and every value, for `many`
 
     def _value(self, j: int) -> float:
         v = self.v[j]
@@ -174,6 +177,27 @@ class Curve1D:
             self.memo[x] = y
         return y
 
+    def many(self, x: np.ndarray) -> np.ndarray:
+        """The curve at each of `x`: the floats `__call__` gives, worked out over the array on a
+        linear axis (the same operations, in the same order), one query at a time on a log axis
+        (numpy's exp and log may round differently from the math module's)."""
+        if self.is_log or len(self.t) == 1:
+            return np.fromiter(map(self, x.tolist()), float, len(x))
+        if self._arrays is None:
+            self._arrays = (np.asarray(self.t), np.array([self._value(j) for j in range(len(self.t))]))
+        t, v = self._arrays
+        first, last = self.ax[0], self.ax[-1]
+        scale = 1.0
+        if x.min() < first or x.max() > last:
+            outside = (x < first) | (x > last)
+            for q in x[outside].tolist():  # counted (or refused) as one query each
+                self.parent._outside(self.axis, q)
+            scale = np.where(x > last, x / last, 1.0)
+            x = np.clip(x, first, last)
+        i = np.searchsorted(t, x, side="right") - 1
+        np.minimum(i, len(t) - 2, out=i)
+        t0, lo = t[i], v[i]
+        return (lo + (v[i + 1] - lo) * ((x - t0) / (t[i + 1] - t0))) * scale
 
 def _running_max(vals: list[float], shape: list[int], strides: list[int]) -> list[float]:
     """Lift every value to the maximum of the values before it along each axis."""

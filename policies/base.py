@@ -1,11 +1,14 @@
 """The interface every commit policy implements: memory and cost accounting, no torch."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from policies.tree import DraftTree
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from core.config import ModelConfig, PolicyConfig
 
 
@@ -22,6 +25,16 @@ class RequestCommitState(Protocol):
 
     def reset(self) -> None:
         """The request was preempted: its state is recomputed from scratch."""
+        ...
+
+    @staticmethod
+    def work_ahead(states: Sequence["RequestCommitState"], committed: "np.ndarray") -> tuple["np.ndarray", "np.ndarray"]:
+        """`verify_work` of several states' next verifies at once, when the k-th commits
+        `committed[:, k]` tokens: (replayed, flush) arrays of one row per state and K + 1 columns."""
+        ...
+
+    def fast_forward(self, verifies: int, tokens: int) -> None:
+        """The state `verifies` commits later, replaying `tokens` then (`work_ahead`'s last column)."""
         ...
 
 

@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
+
 from policies.base import CommitPolicy
 
 
@@ -66,3 +70,27 @@ class ReplayCache:
 
     def reset(self) -> None:
         self.steps = self.tokens = 0
+
+    @staticmethod
+    def work_ahead(caches: Sequence["ReplayCache"], committed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`verify_work` of the next verifies of several caches at once, when the k-th commits
+        `committed[:, k]` tokens (one row per cache, K columns): (replayed tokens, flushes), each
+        with K + 1 columns, the last one the verify after those K (its `verify_work` then)."""
+        rows, k = committed.shape
+        interval = caches[0].flush_interval
+        steps0 = np.fromiter((c.steps for c in caches), np.int64, rows)
+        tokens0 = np.fromiter((c.tokens for c in caches), np.int64, rows)
+        flush = (steps0[:, None] + np.arange(k + 1)) % interval == interval - 1
+        done = np.zeros((rows, k + 1), np.int64)  # tokens committed before each verify
+        np.cumsum(committed, axis=1, out=done[:, 1:])
+        # The cache holds what was committed since the last flush before the verify (the flushing
+        # commit caches nothing), or since the start plus what it held then.
+        since = np.zeros((rows, k + 1), np.int64)  # 1 + the last flush before each verify (0: none)
+        np.maximum.accumulate(np.where(flush[:, :k], np.arange(1, k + 1), 0), axis=1, out=since[:, 1:])
+        base = np.where(since > 0, np.take_along_axis(done, since, axis=1), -tokens0[:, None])
+        return done - base, flush
+
+    def fast_forward(self, verifies: int, tokens: int) -> None:
+        """The state `verifies` commits later, holding `tokens` (`work_ahead`'s column for it)."""
+        self.steps = (self.steps + verifies) % self.flush_interval
+        self.tokens = tokens

@@ -23,7 +23,7 @@ Rows list ranks 0..RANK_COLUMNS-1; wider trees than that gain nothing more.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -88,33 +88,50 @@ def expected_accepted_len(thresholds: Sequence[float]) -> float:
 class AcceptanceStream:
     """One request's seeded uniforms, consumed D per verify step; the accepted counts of
     a block of verify steps are worked out at once from each block of uniforms (a block's size
-    changes only how the stream is read, never its values)."""
+    changes only how the stream is read, never its values). `ahead` shows the counts to come
+    without using them (sim.decode_run plans several steps from them), `skip` uses them."""
 
-    __slots__ = ("_rng", "_counts", "_block_steps", "thresholds", "depth")
+    __slots__ = ("_rng", "_counts", "_next", "_block_steps", "thresholds", "depth")
 
     def __init__(self, seed: int, request_id: int, thresholds: tuple[float, ...]) -> None:
         self._rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, request_id])))
         self.thresholds = thresholds
         self.depth = len(thresholds)
-        self._counts: Iterator[int] = iter(())  # the current block's counts not yet used
+        self._counts: list[int] = []  # counts drawn so far; those before `_next` are used
+        self._next = 0
         self._block_steps = UNIFORM_BLOCK
 
     def accepted_drafts(self) -> int:
         """Drafts accepted along the tree's best path this verify step (0..D)."""
-        a = next(self._counts, -1)
-        if a < 0:
-            self._counts = iter(self._block())
-            a = next(self._counts)
-        return a
+        i = self._next
+        if i == len(self._counts):
+            self._draw()
+            i = 0
+        self._next = i + 1
+        return self._counts[i]
 
-    def _block(self) -> list[int]:
+    def ahead(self, steps: int) -> list[int]:
+        """The accepted counts of the next `steps` verify steps, left unused."""
+        while len(self._counts) - self._next < steps:
+            self._draw()
+        return self._counts[self._next:self._next + steps]
+
+    def skip(self, steps: int) -> None:
+        """Use the next `steps` counts (those `ahead` showed)."""
+        if len(self._counts) - self._next < steps:
+            raise ValueError(f"skip({steps}): only {len(self._counts) - self._next} counts drawn ahead")
+        self._next += steps
+
+    def _draw(self) -> None:
+        """Drop the used counts and append one more block."""
         # Depth d is accepted iff its uniform is below P(rank < w_d) and every depth before it was:
         # the count of leading accepts in each row of D uniforms.
         steps = self._block_steps
         self._block_steps = min(2 * steps, UNIFORM_BLOCK_MAX)
         u = self._rng.random(self.depth * steps).reshape(steps, self.depth)
         accept = u < np.asarray(self.thresholds)
-        return np.logical_and.accumulate(accept, axis=1).sum(axis=1).tolist()
+        self._counts = self._counts[self._next:] + np.logical_and.accumulate(accept, axis=1).sum(axis=1).tolist()
+        self._next = 0
 
 
 class AcceptanceModel:

@@ -30,6 +30,7 @@ from core.config import ConfigError, EngineConfig
 from policies import CommitPolicy
 from sim.acceptance import AcceptanceModel
 from sim.client import Client
+from sim.decode_run import DecodeRuns
 from sim.dispatch import capture_sizes
 from sim.latency import LatencyModel, StepBatch
 from sim.metrics import StepLog
@@ -52,8 +53,9 @@ class EngineResult:
 
 class Engine:
     def __init__(self, env: simpy.Environment, scheduler: Scheduler, latency: LatencyModel, policy: CommitPolicy,
-                 steps: StepLog, acceptance: AcceptanceModel | None) -> None:
-        """`acceptance`: the draws of a speculating run (None without speculation)."""
+                 steps: StepLog, acceptance: AcceptanceModel | None, decode_runs: bool = True) -> None:
+        """`acceptance`: the draws of a speculating run (None without speculation); `decode_runs`:
+        advance runs of decode steps at once (sim.decode_run; never while tracing)."""
         self.env = env
         self.acceptance = acceptance
         self.scheduler = scheduler
@@ -69,6 +71,8 @@ class Engine:
                                  sizes=capture_sizes(scheduler.max_seqs, scheduler.max_tokens,
                                                      scheduler.verify_positions),
                                  full_graph_ok=not policy.forces_eager())
+        self.runs = DecodeRuns(scheduler, self.prices, steps, draft_depth=self.draft_depth,
+                               commit_state_kept=self.commit_state_kept) if decode_runs and not steps.trace else None
         self.on_done = lambda req: None  # the client's callback for finished requests
         self._wake: simpy.Event | None = None
 
@@ -94,7 +98,9 @@ class Engine:
         env, sched, log, prices = self.env, self.scheduler, self.steps, self.prices
         pool = sched.pool
         rows, free = log.price_rows, log.free
+        runs = self.runs
         plan: StepPlan | None = None  # the step the GPU runs next
+        ran = False  # a decode run ended before this step: the loop takes it
         while True:
             if plan is None:
                 if not sched.running and not sched.waiting:
@@ -105,6 +111,16 @@ class Engine:
                 plan = self._plan(env.now, step_in_flight=False)
                 if plan is None:
                     continue  # every running request was preempted; readmit them now
+            if (runs is not None and not ran and not sched.waiting and not plan.admitted
+                    and len(plan.scheduled) == len(sched.running)):
+                delay = runs.advance(plan, env.now, env.peek())
+                if delay is not None:
+                    yield env.timeout(delay)
+                    ran = True
+                    if not self.async_scheduling:
+                        plan = None  # sync: the step after the run is planned after its outputs
+                    continue
+            ran = False
             now = env.now
             totals = self._totals(plan)
             if log.trace:
@@ -223,13 +239,14 @@ def run_engine(specs: Sequence[RequestSpec], *, pool: Pool, policy: CommitPolicy
                admission: str = "full_prompt", arrivals: Sequence[float] | None = None,
                max_concurrency: int | None = None, trace: bool = False, engine: EngineConfig | None = None,
                block_tokens: int | None = None, round_trip_s: float = 0.0,
-               tokenize_s_per_token: float = 0.0) -> EngineResult:
+               tokenize_s_per_token: float = 0.0, decode_runs: bool = True) -> EngineResult:
     """Simulate `specs` through one engine; `arrivals` are ready times (default: all at 0).
 
     `engine` supplies the vLLM behaviours (async scheduling, draft truncation, mamba
     cache mode; default: current vLLM's); `block_tokens` is the scheduler's block size
     for align mode (default: the paged pool's attention block); `round_trip_s` and
-    `tokenize_s_per_token` the client's time outside the engine per request (sim.client).
+    `tokenize_s_per_token` the client's time outside the engine per request (sim.client);
+    `decode_runs` False steps every decode one at a time (the same results, slower: sim.decode_run).
     """
     if arrivals is not None and len(arrivals) != len(specs):
         raise ValueError(f"{len(arrivals)} arrival times for {len(specs)} requests")
@@ -261,7 +278,7 @@ def run_engine(specs: Sequence[RequestSpec], *, pool: Pool, policy: CommitPolicy
         align_tokens=align,
     )
     steps = StepLog(trace, pool.capacity)
-    sim = Engine(env, scheduler, latency, policy, steps, acceptance if spec_on else None)
+    sim = Engine(env, scheduler, latency, policy, steps, acceptance if spec_on else None, decode_runs)
     times = [0.0] * len(specs) if arrivals is None else [float(t) for t in arrivals]
     requests = [Request(s, t) for s, t in zip(specs, times)]
     client = Client(env, requests, max_concurrency, sim.submit, round_trip_s, tokenize_s_per_token)

@@ -35,6 +35,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
+
 from core.calibration_files import model_file
 from core.interp import Curve1D, from_rows
 from core.tables import HOST_COLUMNS, HOST_OPS, HOST_POLICY_COLUMNS, HOST_POLICY_OPS, TableError, read_rows
@@ -179,3 +181,19 @@ def pipeline(ops: Sequence[PipelineOp], prepare_us: float, finish_us: float,
         total = sum(op[0] for op in ops) if host_total_us is None else host_total_us
         return max(gpu, prepare_us + total + finish_us)
     return max(h, gpu) + finish_us
+
+
+def pipeline_many(ops: Sequence[PipelineOp], prepare_us: float, finish_us: float, async_scheduling: bool,
+                  cores: Sequence[np.ndarray], host_total_us: float) -> np.ndarray:
+    """`pipeline` of several steps that differ only in their attention cores (one array per core,
+    one entry per step): the same floats, worked out over the arrays."""
+    h = 0.0 if async_scheduling else prepare_us
+    gpu: float | np.ndarray = 0.0
+    for host, g, c, k in ops:
+        h += host
+        gpu = np.maximum(h, gpu) + g
+        if k:
+            gpu = gpu + k * cores[c]
+    if async_scheduling:
+        return np.maximum(gpu, prepare_us + host_total_us + finish_us)
+    return np.maximum(h, gpu) + finish_us

@@ -7,8 +7,11 @@ the summary can say where each term came from (`calibrated`, `analytic`, `derive
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
+
+import numpy as np
 
 # Term names, in the order they are summed. Every LatencyModel returns all of them.
 TERMS: tuple[str, ...] = (
@@ -89,6 +92,24 @@ class StepTime:
         return sum(self.terms.values())
 
 
+class StepTimes(NamedTuple):
+    """The prices of several steps at once (a decode run's, sim.decode_run)."""
+
+    terms_s: np.ndarray  # seconds, one row per step, one column per term in TERMS order
+    total_s: np.ndarray  # seconds per step: its terms summed in TERMS order, as StepTime.total_s
+    mode: str
+
+    @classmethod
+    def of(cls, terms: Mapping[str, float | np.ndarray], steps: int, mode: str) -> "StepTimes":
+        """From seconds per term, each one value for every step or one per step."""
+        table = np.empty((steps, len(TERMS)))
+        total: float | np.ndarray = 0
+        for j, t in enumerate(TERMS):
+            table[:, j] = terms[t]
+            total = total + terms[t]
+        return cls(table, np.broadcast_to(np.asarray(total, dtype=float), (steps,)).copy(), mode)
+
+
 @dataclass
 class LatencySources:
     """Which source priced each term: 'calibrated', 'analytic', 'derived' or 'config'."""
@@ -101,6 +122,11 @@ class LatencySources:
 
 
 class LatencyModel(Protocol):
+    """`step_time` prices one step. A model may also have `step_times(batch, contexts, replay_tokens)
+    -> StepTimes | None`: the steps that are the decode batch `batch` but for their context sums (and
+    the tokens replay replays, one array each), priced at once to the same floats (None, or no such
+    method: the engine prices them one by one)."""
+
     sources: LatencySources
 
     def step_time(self, batch: StepBatch) -> StepTime: ...

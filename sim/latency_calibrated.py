@@ -7,6 +7,8 @@ costs as a two-resource pipeline) or sim.pricing_eager_sum (the old sum of the p
 """
 from __future__ import annotations
 
+import numpy as np
+
 from core.calibration_files import gpu_file, model_file
 from core.config import REPO_ROOT, EngineConfig, HardwareConfig, ModelConfig, PolicyConfig
 from core.tables import TABLES
@@ -15,7 +17,7 @@ from sim.calibrated_parts import CalibratedParts
 from sim.calibration_tables import derived_scale, load_decode_conv, load_overhead, load_tables
 from sim.host_model import HostCosts
 from sim.kernel_rows import load_kernels
-from sim.latency import LatencyModel, StepBatch, StepTime
+from sim.latency import LatencyModel, StepBatch, StepTime, StepTimes
 from sim.pricing_eager_sum import EagerSumPricing
 from sim.pricing_pipeline import PipelineParts, PipelinePricing
 
@@ -64,6 +66,13 @@ class CalibratedLatencyModel(CalibratedParts):
     # ------------------------------------------------------------------ the step
     def step_time(self, b: StepBatch) -> StepTime:
         return self.pricer.step_time(b)
+
+    def step_times(self, b: StepBatch, contexts: np.ndarray, replay_tokens: np.ndarray | None = None) -> StepTimes | None:
+        """Decode steps that differ only in their context sums (and replayed tokens), priced at once
+        (the pipeline pricing only; None: price them one by one)."""
+        if not isinstance(self.pricer, PipelinePricing):
+            return None
+        return self.pricer.step_times(b, contexts, replay_tokens)
 
     def pipeline_parts(self, b: StepBatch) -> PipelineParts:
         """The pipeline pricing's parts of a step (calibrate.host_fit re-prices them at other host scales)."""

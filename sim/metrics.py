@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.latency import TERMS, StepBatch, StepTime
+from sim.latency import TERMS, StepBatch, StepTime, StepTimes
 from sim.request import Request, Status
 from sim.step_trace import TracedStep
 
@@ -62,6 +62,16 @@ class StepLog:
         self._eager.append(eager)
         self._modes.append(st.mode)
         return len(self._totals) - 1
+
+    def add_prices(self, times: StepTimes, eager: bool) -> np.ndarray:
+        """New distinct prices, one per step of `times`; their rows in the table."""
+        first = len(self._totals)
+        n = len(times.total_s)
+        self._terms.frombytes(np.ascontiguousarray(times.terms_s, dtype=float).tobytes())
+        self._totals.frombytes(np.ascontiguousarray(times.total_s, dtype=float).tobytes())
+        self._eager.extend([eager] * n)
+        self._modes.extend([times.mode] * n)
+        return np.arange(first, first + n, dtype=np.int64)
 
     def price(self, row: int) -> StepTime:
         """The StepTime of a row of the price table."""

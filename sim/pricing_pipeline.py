@@ -27,10 +27,12 @@ from __future__ import annotations
 from operator import itemgetter
 from typing import NamedTuple
 
+import numpy as np
+
 from core.interp import Curve1D
 from sim.calibrated_parts import CalibratedParts
-from sim.host_model import PipelineOp, pipeline
-from sim.latency import STEP_MEMO, TERMS, US, StepBatch, StepTime
+from sim.host_model import PipelineOp, pipeline, pipeline_many
+from sim.latency import STEP_MEMO, TERMS, US, StepBatch, StepTime, StepTimes
 
 FLA_CHUNK = 64  # tokens: fla's chunk size; a varlen call runs each sequence in whole chunks
 
@@ -81,6 +83,9 @@ class PipelinePricing:
         self._drafter_pass: dict[tuple[int, int], float] = {}
         self._cores: dict[int | tuple[int, int], CorePart] = {}  # by chunk tokens, or (requests, tokens) of a decode
         self._attn_layers = lat.model.attn_layers  # asked every step; the model does not change
+        # The tokens replay replays change a price only through the roofline of an unmeasured GDN
+        # decode kernel (measured kernels run over every cache slot, whatever they hold).
+        self._replay_priced = not ("verify" in lat.kernels and "commit" in lat.kernels)
 
     def step_time(self, b: StepBatch) -> StepTime:
         us, ops, prepare, finish, cores, host_total = self.parts(b)
@@ -90,18 +95,8 @@ class PipelinePricing:
 
     def parts(self, b: StepBatch) -> PipelineParts:
         """The step's pipeline arguments (calibrate.host_fit re-runs the pipeline with other host scales)."""
-        # The attention cores depend on the contexts; everything else on the batch shape,
-        # so that part (terms, the op list, the cores' curves) is built once per distinct shape.
-        # (The token count follows from the prefill tokens and the decode counts in the key.)
         chunks = b.chunks
-        key = (b.graph_mode, b.padded_tokens, b.num_seqs, b.decode_seqs, b.spec_seqs, b.verify_positions,
-               b.truncated, b.prefill_tokens, tuple([t for t, _ in chunks]) if chunks else (), b.replay_tokens,
-               b.flush_seqs, b.draft_depth)
-        built = self._shapes.get(key)
-        if built is None:
-            built = self.shape(b)
-            if len(self._shapes) < STEP_MEMO:
-                self._shapes[key] = built
+        built = self._built(b)
         # Core 0: the target's (and the first drafter pass's) attention core; then one per later pass.
         core = 0.0
         dec = built.decode_core
@@ -120,6 +115,54 @@ class PipelinePricing:
         if b.draft_depth:
             us["drafter"] += sum(cores)
         return PipelineParts(us, built.ops, built.prepare_us, built.finish_us, cores, built.host_total_us)
+
+    def step_times(self, b: StepBatch, contexts: np.ndarray, replay_tokens: np.ndarray | None = None) -> StepTimes:
+        """`step_time` of steps that are the decode batch `b` (no prefill chunk) but for their
+        context sums (and replayed tokens, where given): the same floats, each worked out over the
+        array in `parts`' and `step_time`'s order."""
+        if b.prefill_seqs or not b.decode_seqs:
+            raise ValueError("step_times prices decode steps only")
+        if replay_tokens is not None and self._replay_priced:
+            values, which = np.unique(replay_tokens, return_inverse=True)
+            if len(values) > 1:
+                parts = [(which == i, self.step_times(b._replace(replay_tokens=int(v)), contexts[which == i]))
+                         for i, v in enumerate(values.tolist())]
+                out = StepTimes(np.empty((len(contexts), len(TERMS))), np.empty(len(contexts)), parts[0][1].mode)
+                for mask, part in parts:
+                    out.terms_s[mask], out.total_s[mask] = part.terms_s, part.total_s
+                return out
+            b = b._replace(replay_tokens=int(values[0]))
+        built = self._built(b)
+        dec = built.decode_core
+        core = dec.factor * dec.curve.many(contexts / b.decode_seqs)
+        cores = [core]
+        if built.later_cores:
+            ctx = contexts / b.num_seqs
+            cores += [factor * curve.many(ctx) for factor, curve in built.later_cores]
+        us: dict[str, float | np.ndarray] = dict(built.terms_us)
+        us["attention"] = us["attention"] + self._attn_layers * core
+        if b.draft_depth:
+            us["drafter"] = us["drafter"] + sum(cores)
+        total = pipeline_many(built.ops, built.prepare_us, built.finish_us, self.lat.async_scheduling, cores,
+                              built.host_total_us)
+        over = total - sum(us.values())
+        us["overhead"] = np.where(over > 0.0, over, 0.0)
+        return StepTimes.of({t: us[t] * US for t in TERMS}, len(contexts), b.graph_mode)
+
+    def _built(self, b: StepBatch) -> ShapeParts:
+        """The parts of the step's shape. The attention cores depend on the contexts; everything else
+        on the batch shape, so that part (terms, the op list, the cores' curves) is built once per
+        distinct shape. (The token count follows from the prefill tokens and the decode counts in the key.)"""
+        chunks = b.chunks
+        key = (b.graph_mode, b.padded_tokens, b.num_seqs, b.decode_seqs, b.spec_seqs, b.verify_positions,
+               b.truncated, b.prefill_tokens, tuple([t for t, _ in chunks]) if chunks else (),
+               b.replay_tokens if self._replay_priced else 0, b.flush_seqs, b.draft_depth)
+        built = self._shapes.get(key)
+        if built is None:
+            built = self.shape(b)
+            if len(self._shapes) < STEP_MEMO:
+                self._shapes[key] = built
+        return built
 
     def shape(self, b: StepBatch) -> ShapeParts:
         lat = self.lat

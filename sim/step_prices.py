@@ -18,7 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from sim.latency import STEP_MEMO, LatencyModel, StepBatch
+import numpy as np
+
+from sim.latency import STEP_MEMO, LatencyModel, StepBatch, StepTimes
 from sim.metrics import StepLog
 from sim.step_trace import BatchTotals, TracedRequest, batch_of_totals
 
@@ -42,6 +44,9 @@ class StepPrices:
         self.memo: dict[BatchTotals, PricedStep] = {}
         self.hits = 0  # steps priced from the memo
         self._memoise = True
+        self.vector = getattr(latency, "step_times", None)  # LatencyModel.step_times, where the model has it
+        # A lone request's decode steps by their context, per shape: (price rows, durations), -1 unknown.
+        self.by_context: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
     def batch(self, totals: BatchTotals, requests: tuple[TracedRequest, ...] = ()) -> StepBatch:
         return batch_of_totals(totals, verify_positions=self.verify_positions, draft_depth=self.draft_depth,
@@ -67,3 +72,98 @@ class StepPrices:
             elif n >= STEP_MEMO:
                 self._memoise = False
         return p
+
+
+class RunPrices:
+    """The prices of a decode run's steps (sim.decode_run). They differ only in the replay cache's
+    work and in their context sums, so each stretch of steps with the same replay work is priced at
+    once where the latency model can (`LatencyModel.step_times`), else one by one. Durations come a
+    stretch at a time (`durations`); `rows` then logs the prices of the steps the run took, and only
+    those. A lone request's prices are kept by context (`StepPrices.by_context`): at concurrency 1
+    the decode steps of one request repeat the contexts of those before it."""
+
+    def __init__(self, prices: StepPrices, *, rows: int, tokens: int, spec_seqs: int, uniform: bool) -> None:
+        self.prices = prices
+        self.head = (rows, tokens, rows, uniform, spec_seqs, 0)  # BatchTotals' fields before the replay work
+        self.steps = 0  # priced so far
+        self._known: list[tuple[np.ndarray, np.ndarray]] = []  # (steps, their rows in the price table)
+        self._new: list[tuple[np.ndarray, StepTimes, bool, tuple | None, np.ndarray]] = []  # not in the table yet
+
+    def durations(self, replayed: np.ndarray, flushed: np.ndarray, contexts: np.ndarray,
+                  max_contexts: np.ndarray) -> np.ndarray:
+        """Seconds of the run's next len(contexts) steps, given each one's replayed tokens, flushing
+        requests, context sum and longest context."""
+        prices = self.prices
+        count = len(contexts)
+        steps = np.arange(self.steps, self.steps + count)
+        self.steps += count
+        out = np.empty(count)
+        # A replay run's flushing requests take a few values (each flushes every flush_interval
+        # steps), its replayed tokens many: the steps are priced together by the former.
+        if (flushed == flushed[0]).all():
+            groups = [(int(flushed[0]), np.arange(count))]
+        else:
+            values, which = np.unique(flushed, return_inverse=True)
+            groups = [(int(f), np.flatnonzero(which == g)) for g, f in enumerate(values.tolist())]
+        replay = bool(replayed.any())
+        for flush, idx in groups:
+            first = int(idx[0])
+            batch = prices.batch(BatchTotals(*self.head, int(replayed[first]), flush, int(contexts[first]),
+                                             int(max_contexts[first]), ()))
+            key = self.head + (flush,) if self.head[0] == 1 and not replay else None
+            if key is not None:
+                idx = self._cached(key, idx, contexts, steps, out)
+                if not idx.size:
+                    continue
+            times = (prices.vector(batch, contexts[idx], replayed[idx] if replay else None)
+                     if prices.vector is not None else None)
+            if times is None:
+                rows = [prices.price(BatchTotals(*self.head, r, flush, c, m, ()))
+                        for r, c, m in zip(replayed[idx].tolist(), contexts[idx].tolist(), max_contexts[idx].tolist())]
+                out[idx] = [p.duration_s for p in rows]
+                self._known.append((steps[idx], np.array([p.row for p in rows], np.int64)))
+                continue
+            out[idx] = times.total_s
+            self._new.append((steps[idx], times, batch.eager, key, contexts[idx]))
+        return out
+
+    def _cached(self, key: tuple, idx: np.ndarray, contexts: np.ndarray, steps: np.ndarray,
+                out: np.ndarray) -> np.ndarray:
+        """Fill in the steps whose context was priced before; the others' indices."""
+        table = self.prices.by_context.get(key)
+        if table is None:
+            return idx
+        rows, seconds = table
+        ctx = contexts[idx]
+        known = ctx < len(rows)
+        known[known] = rows[ctx[known]] >= 0
+        hit = idx[known]
+        out[hit] = seconds[ctx[known]]
+        self._known.append((steps[hit], rows[ctx[known]]))
+        return idx[~known]
+
+    def rows(self, taken: int) -> np.ndarray:
+        """Log the prices of the run's first `taken` steps; their rows in the price table, in step order."""
+        out = np.empty(taken, np.int64)
+        for steps, rows in self._known:
+            keep = steps < taken
+            out[steps[keep]] = rows[keep]
+        log, by_context = self.prices.log, self.prices.by_context
+        for steps, times, eager, key, contexts in self._new:
+            keep = steps < taken
+            if not keep.any():
+                continue
+            rows = log.add_prices(StepTimes(times.terms_s[keep], times.total_s[keep], times.mode), eager)
+            out[steps[keep]] = rows
+            if key is not None:
+                ctx = contexts[keep]
+                table = by_context.get(key)
+                size = int(ctx.max()) + 1
+                if table is None or len(table[0]) < size:
+                    grown = (np.full(max(size, 2 * len(table[0]) if table else 0), -1, np.int64),
+                             np.zeros(max(size, 2 * len(table[0]) if table else 0)))
+                    if table is not None:
+                        grown[0][:len(table[0])], grown[1][:len(table[1])] = table
+                    table = by_context[key] = grown
+                table[0][ctx], table[1][ctx] = rows, times.total_s[keep]
+        return out

@@ -56,7 +56,7 @@ def semantics_for(name, max_tokens, policy="store_all", widths=(1, 1, 1)):
 
 def scenario(specs, *, policy="store_all", widths=(1, 1, 1), num_blocks=None, accept=None, allocator="paged",
              max_tokens=8192, max_seqs=1024, concurrency=None, arrivals=None, mtp_depth=None,
-             admission="full_prompt", seed=0, engine=OLD, round_trip_s=0.0):
+             admission="full_prompt", seed=0, engine=OLD, round_trip_s=0.0, trace=True):
     model, pol, layout, pool_bytes = setup(policy, widths, mtp_depth, engine)
     if num_blocks is not None:
         layout = replace(layout, num_blocks=num_blocks)
@@ -65,7 +65,7 @@ def scenario(specs, *, policy="store_all", widths=(1, 1, 1), num_blocks=None, ac
     result = run_engine(
         specs, pool=make_pool(allocator, model, pol, layout, pool_bytes), policy=pol,
         latency=ConstantLatencyModel(DT), acceptance=acceptance, max_num_batched_tokens=max_tokens,
-        max_num_seqs=max_seqs, admission=admission, arrivals=arrivals, max_concurrency=concurrency, trace=True,
+        max_num_seqs=max_seqs, admission=admission, arrivals=arrivals, max_concurrency=concurrency, trace=trace,
         engine=engine, block_tokens=layout.attn_block_tokens, round_trip_s=round_trip_s,
     )
     return result, summarize(result.requests, result.steps, result.duration_s)
