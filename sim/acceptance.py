@@ -35,6 +35,7 @@ RANK_COLUMNS = 16  # candidate ranks listed per row of the default distribution
 # then each twice the one before up to the largest, so a long request refills a few times only.
 UNIFORM_BLOCK = 64
 UNIFORM_BLOCK_MAX = 1024
+ALL_DRAFTS = 1 << 30  # accepted_drafts' cap when every draft was verified
 
 
 def _solve_geometric_sum(target: float, depth: int) -> float:
@@ -91,47 +92,47 @@ class AcceptanceStream:
     changes only how the stream is read, never its values). `ahead` shows the counts to come
     without using them (sim.decode_run plans several steps from them), `skip` uses them."""
 
-    __slots__ = ("_rng", "_counts", "_next", "_block_steps", "thresholds", "depth")
+    __slots__ = ("_rng", "_counts", "_block_steps", "thresholds", "depth")
 
     def __init__(self, seed: int, request_id: int, thresholds: tuple[float, ...]) -> None:
         self._rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, request_id])))
         self.thresholds = thresholds
         self.depth = len(thresholds)
-        self._counts: list[int] = []  # counts drawn so far; those before `_next` are used
-        self._next = 0
+        self._counts: list[int] = []  # the counts drawn and not used yet, the next one last
         self._block_steps = UNIFORM_BLOCK
 
-    def accepted_drafts(self) -> int:
-        """Drafts accepted along the tree's best path this verify step (0..D)."""
-        i = self._next
-        if i == len(self._counts):
+    def accepted_drafts(self, drafts: int = ALL_DRAFTS) -> int:
+        """Drafts accepted along the tree's best path this verify step (0..D), of the first
+        `drafts` verified (a chain cut to the token budget verifies fewer)."""
+        try:
+            a = self._counts.pop()
+        except IndexError:
             self._draw()
-            i = 0
-        self._next = i + 1
-        return self._counts[i]
+            a = self._counts.pop()
+        return a if a < drafts else drafts
 
     def ahead(self, steps: int) -> list[int]:
         """The accepted counts of the next `steps` verify steps, left unused."""
-        while len(self._counts) - self._next < steps:
+        while len(self._counts) < steps:
             self._draw()
-        return self._counts[self._next:self._next + steps]
+        return self._counts[:-steps - 1:-1]
 
     def skip(self, steps: int) -> None:
         """Use the next `steps` counts (those `ahead` showed)."""
-        if len(self._counts) - self._next < steps:
-            raise ValueError(f"skip({steps}): only {len(self._counts) - self._next} counts drawn ahead")
-        self._next += steps
+        if len(self._counts) < steps:
+            raise ValueError(f"skip({steps}): only {len(self._counts)} counts drawn ahead")
+        if steps:
+            del self._counts[-steps:]
 
     def _draw(self) -> None:
-        """Drop the used counts and append one more block."""
+        """One more block of counts, after those drawn before."""
         # Depth d is accepted iff its uniform is below P(rank < w_d) and every depth before it was:
         # the count of leading accepts in each row of D uniforms.
         steps = self._block_steps
         self._block_steps = min(2 * steps, UNIFORM_BLOCK_MAX)
         u = self._rng.random(self.depth * steps).reshape(steps, self.depth)
         accept = u < np.asarray(self.thresholds)
-        self._counts = self._counts[self._next:] + np.logical_and.accumulate(accept, axis=1).sum(axis=1).tolist()
-        self._next = 0
+        self._counts[:0] = np.logical_and.accumulate(accept, axis=1).sum(axis=1)[::-1].tolist()
 
 
 class AcceptanceModel:

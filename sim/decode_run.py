@@ -66,10 +66,11 @@ class DecodeRuns:
         left = min([r.output - r.generated for r in running])
         if left <= n:
             return None  # a request may finish in the first step
-        spec = self.spec
-        for req, s in zip(running, plan.scheduled.values()):
+        if len(plan.spec) != (rows if self.spec else 0):
+            return None
+        for req, (planned, tokens) in zip(running, plan.tokens.items()):
             # Decoding: it has sampled and computed every token but the last sampled one.
-            if (s.req is not req or s.tokens != n or s.spec is not spec or req.inflight != n or not req.generated
+            if (planned is not req or tokens != n or req.inflight != n or not req.generated
                     or req.computed + 1 != req.prompt + req.generated):
                 return None  # not every request decodes in this step
         lookahead = min(left, max(2, CELLS // rows))

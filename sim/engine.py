@@ -3,11 +3,12 @@
 Each step is vLLM's plan, execute, update: the scheduler's `schedule` picks tokens and
 allocates blocks (preempting if it must) into a `StepPlan` keyed by request; the latency
 model prices the batch and simulated time advances by that step time; the step's result
-(`_sample`: drafts accepted per verifying request, from the request's own acceptance
-stream, asked for as the outputs are processed) goes back through `Scheduler.update_from_output`, which advances every
-scheduled request at once, emits its tokens at the end of the step that produced them
-and retires the finished ones. Per-step work is O(scheduled requests); there are no
-per-token or per-request-per-step events.
+(drafts accepted per verifying request: the next count of the request's own acceptance
+stream, read as the outputs are processed) goes through `Scheduler.update_from_output`,
+which advances every scheduled request at once, emits its tokens at the end of the step
+that produced them and retires the finished ones. Per-step work is O(scheduled requests);
+there are no per-token or per-request-per-step events. Where every running request decodes
+and nothing else can happen, a run of such steps is advanced at once (sim.decode_run).
 
 Async scheduling (`EngineConfig.async_scheduling`, vLLM's default with MTP): step N+1
 is planned when step N starts, before step N's outputs are processed, as vLLM's
@@ -36,7 +37,7 @@ from sim.latency import LatencyModel, StepBatch
 from sim.metrics import StepLog
 from sim.pool import Pool
 from sim.request import Request, Status
-from sim.scheduler import ScheduledRequest, Scheduler, StepPlan
+from sim.scheduler import Scheduler, StepPlan
 from sim.step_prices import PricedStep, StepPrices
 from sim.step_trace import BatchColumns, BatchTotals, TracedRequest, column_totals
 from workloads.base import RequestSpec
@@ -112,7 +113,7 @@ class Engine:
                 if plan is None:
                     continue  # every running request was preempted; readmit them now
             if (runs is not None and not ran and not sched.waiting and not plan.admitted
-                    and len(plan.scheduled) == len(sched.running)):
+                    and len(plan.tokens) == len(sched.running)):
                 delay = runs.advance(plan, env.now, env.peek())
                 if delay is not None:
                     yield env.timeout(delay)
@@ -131,7 +132,7 @@ class Engine:
                 priced = prices.price(totals)
             rows.append(priced.row)
             free.append(pool.free)
-            log.request_steps += len(plan.scheduled)
+            log.request_steps += len(plan.tokens)
             # Async scheduling plans the next step now, from the outputs of the steps before this one.
             following = self._plan(now, step_in_flight=True) if self.async_scheduling else None
             yield env.timeout(priced.duration_s)
@@ -151,7 +152,7 @@ class Engine:
     def _plan(self, now: float, step_in_flight: bool) -> StepPlan | None:
         """The scheduler's next step; None when it holds no request (plan again later)."""
         plan = self.scheduler.schedule(now)
-        if plan.scheduled:
+        if plan.tokens:
             return plan
         if plan.preempted:
             if self.steps.trace:
@@ -166,25 +167,23 @@ class Engine:
         """The BatchTotals the latency model prices for this plan: the scheduled requests gathered
         into columns over the batch (sim.step_trace.BatchColumns), or a lone request's own."""
         vp = self.scheduler.verify_positions
-        scheduled = plan.scheduled
+        scheduled, spec_reqs = plan.tokens, plan.spec
         if len(scheduled) == 1:  # concurrency 1: most steps of a closed loop at low load
-            (s,) = scheduled.values()
-            r, n, sp = s.req, s.tokens, s.spec
+            ((r, n),) = scheduled.items()
             ctx = r.computed
-            replayed, flush = r.commit_state.verify_work() if sp and self.commit_state_kept else (0, True)
-            if sp:
+            if spec_reqs:
+                replayed, flush = r.commit_state.verify_work() if self.commit_state_kept else (0, True)
                 return BatchTotals(1, n, 1, n == vp, 1, vp - n, replayed, 1 if flush else 0, ctx, ctx, ())
             if n == 1 and ctx + 1 == r.prompt + r.generated:  # a 1-token decode
                 return BatchTotals(1, 1, 1, not self.spec_enabled, 0, 0, 0, 0, ctx, ctx, ())
             return BatchTotals(1, n, 0, False, 0, 0, 0, 0, ctx, ctx, ((n, ctx),))
-        scheduled = scheduled.values()
-        reqs = [s.req for s in scheduled]
-        tokens = [s.tokens for s in scheduled]
+        reqs = list(scheduled)
+        tokens = list(scheduled.values())
         contexts = [r.computed for r in reqs]
-        spec = [s.spec for s in scheduled]
-        if all(spec):
-            decoding = spec
+        if len(spec_reqs) == len(reqs):
+            spec = decoding = [True] * len(reqs)
         else:
+            spec = [r in spec_reqs for r in reqs]
             # A 1-token step at the end of the known tokens decodes; anything else is a prompt chunk.
             decoding = [sp or (n == 1 and ctx + 1 == r.prompt + r.generated)
                         for sp, n, ctx, r in zip(spec, tokens, contexts, reqs)]
@@ -203,8 +202,8 @@ class Engine:
         vp = self.scheduler.verify_positions
         widths = self.policy.tree.widths
         out = []
-        for s in plan.scheduled.values():
-            r, n, sp = s.req, s.tokens, s.spec
+        for r, n in plan.tokens.items():
+            sp = r in plan.spec
             ctx = r.computed
             dec = sp or (n == 1 and ctx + 1 == r.prompt + r.generated)
             replayed, flush = r.commit_state.verify_work() if sp and self.commit_state_kept else (0, True)
@@ -212,20 +211,15 @@ class Engine:
                                      1 if dec else 0, replayed, flush))
         return tuple(out)
 
-    def _sample(self, s: ScheduledRequest) -> int:
-        """The step's sampled result for a verifying request: drafts accepted, from its acceptance stream."""
-        a = s.req.acceptance.accepted_drafts()
-        return s.tokens - 1 if a >= s.tokens else a  # a truncated chain verified only n - 1 drafts
-
-    def _sample_traced(self, s: ScheduledRequest) -> int:
-        a = self._sample(s)
-        self.steps.accepted(s.req.rid, a + 1)
+    def _sample_traced(self, req: Request, tokens: int) -> int:
+        """A verify's accepted drafts (`update_from_output`'s rule), recorded in the step trace."""
+        a = req.acceptance.accepted_drafts(tokens - 1)
+        self.steps.accepted(req.rid, a + 1)
         return a
 
     def _complete(self, plan: StepPlan, now: float) -> None:
         """The step's outputs to the scheduler; finished requests back to the client."""
-        sample = self._sample_traced if self.steps.trace else self._sample
-        for req in self.scheduler.update_from_output(plan, sample, now):
+        for req in self.scheduler.update_from_output(plan, now, self._sample_traced if self.steps.trace else None):
             # A finished request keeps what the metrics read, and the few counters of its policy
             # state that a plan already made for it (async scheduling) still prices.
             req.acceptance = None

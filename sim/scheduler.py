@@ -40,22 +40,18 @@ REJECT_CONTEXT = "exceeds_context"  # prompt + output longer than the model's ma
 REJECT_POOL = "exceeds_pool"  # the request alone, at full length, needs more than the whole pool
 
 
-@dataclass(slots=True)
-class ScheduledRequest:
-    """One request's part of a step."""
-
-    req: Request
-    tokens: int  # target tokens scheduled
-    spec: bool  # verifies a draft this step (tokens - 1 drafts)
-    samples: bool  # the step reaches the request's last known token
-
-
 @dataclass
 class StepPlan:
-    """One step's schedule keyed by request id, as vLLM's `SchedulerOutput` (its
-    `num_scheduled_tokens` and `scheduled_spec_decode_tokens`); in scheduling order."""
+    """One step's schedule, as vLLM's `SchedulerOutput`: the target tokens scheduled per request
+    (its `num_scheduled_tokens`), in scheduling order; the requests that verify a draft (its
+    `scheduled_spec_decode_tokens`: tokens - 1 drafts each); the prompt chunks that stop short
+    of the request's last known token, whose sampled token is discarded (vLLM tells them by
+    `num_computed_tokens < num_tokens` when it processes the outputs); who was preempted and
+    who admitted."""
 
-    scheduled: dict[int, ScheduledRequest] = field(default_factory=dict)
+    tokens: dict[Request, int] = field(default_factory=dict)
+    spec: set[Request] = field(default_factory=set)
+    partial: set[Request] = field(default_factory=set)
     preempted: list[Request] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
 
@@ -113,7 +109,7 @@ class Scheduler:
         vp = self.verify_positions
         la = self.lookahead
         running = self.running
-        scheduled_reqs = plan.scheduled
+        scheduled, spec_reqs, partial = plan.tokens, plan.spec, plan.partial
         sync = not self.async_scheduling
         truncate = self.truncate_drafts
         align = self.align_tokens
@@ -125,10 +121,11 @@ class Scheduler:
             inflight = req.inflight
             computed = req.computed + inflight  # vLLM's num_computed_tokens
             prompt = req.prompt
-            num_tokens = prompt + req.generated
+            generated = req.generated
+            num_tokens = prompt + generated
             if inflight and computed >= num_tokens:
                 # Its in-flight step samples and its output is not known yet.
-                if req.generated + 1 >= req.output:
+                if generated + 1 >= req.output:
                     continue  # that step surely finishes it: no extra step
                 remaining, draft = 1, True  # the in-flight step's drafter fills the placeholders
             else:
@@ -152,22 +149,26 @@ class Scheduler:
             total = computed + n + la
             if total > req.units_tokens:  # past what its blocks hold: it needs more
                 need = pool.units_for(total) - req.units
-                scheduled = True
+                fits = True
                 while need > pool.free:
                     victim = running.pop()
                     self._preempt(victim, now)
                     plan.preempted.append(victim)
                     if victim is req:
-                        scheduled = False
+                        fits = False
                         break
-                if not scheduled:
+                if not fits:
                     break
                 if need > 0:
                     pool.take(need)
                     req.units += need
                     req.units_tokens = pool.tokens_held(req.units)
-            scheduled_reqs[req.rid] = ScheduledRequest(req, n, spec, spec or computed + n >= num_tokens)
-            req.inflight += n
+            scheduled[req] = n
+            if spec:
+                spec_reqs.add(req)
+            elif computed + n < num_tokens:
+                partial.add(req)
+            req.inflight = inflight + n
             budget -= n
 
         if plan.preempted:
@@ -198,7 +199,9 @@ class Scheduler:
                 req.first_scheduled_s = now
             running.append(req)
             plan.admitted.append(req)
-            scheduled_reqs[req.rid] = ScheduledRequest(req, n, False, n >= total)
+            scheduled[req] = n
+            if n < total:
+                partial.add(req)
             req.inflight += n
             budget -= n
         return plan
@@ -236,38 +239,39 @@ class Scheduler:
         self.preemptions += 1
 
     # ------------------------------------------------------------------ outputs
-    def update_from_output(self, plan: StepPlan, accepted: Callable[[ScheduledRequest], int],
-                           now: float) -> list[Request]:
+    def update_from_output(self, plan: StepPlan, now: float,
+                           accepted: Callable[[Request, int], int] | None = None) -> list[Request]:
         """Process a step's outputs (vLLM's `Scheduler.update_from_output`): progress, the drafts
-        `accepted(s)` for each verifying request whose outputs count (the step's sampler, asked once
-        per such request), emitted tokens; returns the requests it finished, whose blocks are freed
-        and who leave `running`."""
+        each verifying request whose outputs count accepted, emitted tokens; returns the requests it
+        finished, whose blocks are freed and who leave `running`. The step's sampled result for a
+        request verifying n positions is the next count of its acceptance stream (at most its n - 1
+        drafts), or `accepted(req, n)` where given (the engine's, when it records the trace)."""
         finished: list[Request] = []
         spec_enabled = self.verify_positions > 1
+        spec_reqs, partial = plan.spec, plan.partial
         done, waiting = Status.FINISHED, Status.WAITING  # looked up once: this loop runs per request
-        for s in plan.scheduled.values():
-            req = s.req
+        for req, n in plan.tokens.items():
             status = req.status
             if status is done:
                 continue  # async: an earlier step's outputs ended it; this step's tokens are discarded
             # Async: preempted while this step ran. Its sampled tokens still count (vLLM appends
             # them); its KV and state are recomputed from scratch, so progress is not kept.
             preempted = status is waiting
-            if s.spec:
-                emit = accepted(s) + 1  # the accepted drafts and the bonus token
+            if req in spec_reqs:
+                # the accepted drafts and the bonus token
+                emit = (req.acceptance.accepted_drafts(n - 1) if accepted is None else accepted(req, n)) + 1
                 req.spec_steps += 1
                 req.spec_tokens += emit
                 if not preempted:
-                    req.inflight -= s.tokens
+                    req.inflight -= n
                     req.computed += emit  # the root token and the accepted drafts; the bonus is sampled
                     if req.commit_state is not None:
                         req.commit_state.committed(emit)
             else:
                 if not preempted:
-                    n = s.tokens
                     req.inflight -= n
                     req.computed += n
-                if not s.samples:
+                if req in partial:
                     continue  # a prompt chunk samples a token only when it is the last
                 emit = 1
             generated = req.generated

@@ -124,9 +124,8 @@ def plans(monkeypatch):
 
     def recording(self, now):
         plan = schedule(self, now)
-        for rid, s in plan.scheduled.items():
-            req, n = s.req, s.tokens
-            seen.append((rid, req.computed + req.inflight - n, n, req.num_tokens, s.spec))
+        for req, n in plan.tokens.items():
+            seen.append((req.rid, req.computed + req.inflight - n, n, req.num_tokens, req in plan.spec))
         return plan
 
     monkeypatch.setattr(Scheduler, "schedule", recording)
