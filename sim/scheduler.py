@@ -104,7 +104,6 @@ class Scheduler:
     # ------------------------------------------------------------------ one step
     def schedule(self, now: float) -> StepPlan:
         plan = StepPlan()
-        pool = self.pool
         budget = self.max_tokens
         vp = self.verify_positions
         la = self.lookahead
@@ -120,9 +119,8 @@ class Scheduler:
                 break
             inflight = req.inflight
             computed = req.computed + inflight  # vLLM's num_computed_tokens
-            prompt = req.prompt
             generated = req.generated
-            num_tokens = prompt + generated
+            num_tokens = req.prompt + generated
             if inflight and computed >= num_tokens:
                 # Its in-flight step samples and its output is not known yet.
                 if generated + 1 >= req.output:
@@ -130,7 +128,6 @@ class Scheduler:
                 remaining, draft = 1, True  # the in-flight step's drafter fills the placeholders
             else:
                 remaining, draft = num_tokens - computed, sync and req.has_draft
-            spec = False
             if remaining == 1 and draft and speculate:
                 if vp <= budget:
                     n, spec = vp, True
@@ -138,31 +135,18 @@ class Scheduler:
                     n = budget
                     spec = n > 1
                 else:
-                    n = 1
+                    n, spec = 1, False
             else:
+                spec = False
                 n = remaining if remaining < budget else budget
                 # Only a prefill chunk is aligned (_chunk's own test, asked here to spare decodes the call).
-                if align and (computed < prompt or computed < num_tokens - 1):
+                if align and (computed < req.prompt or computed < num_tokens - 1):
                     n = self._chunk(req, computed, n)
-                if n == 0:
-                    continue  # align mode: no aligned chunk fits the budget left; later requests may
+                    if n == 0:
+                        continue  # align mode: no aligned chunk fits the budget left; later requests may
             total = computed + n + la
-            if total > req.units_tokens:  # past what its blocks hold: it needs more
-                need = pool.units_for(total) - req.units
-                fits = True
-                while need > pool.free:
-                    victim = running.pop()
-                    self._preempt(victim, now)
-                    plan.preempted.append(victim)
-                    if victim is req:
-                        fits = False
-                        break
-                if not fits:
-                    break
-                if need > 0:
-                    pool.take(need)
-                    req.units += need
-                    req.units_tokens = pool.tokens_held(req.units)
+            if total > req.units_tokens and not self._grow(req, total, plan, now):
+                break  # preempted itself: nobody after it runs either
             scheduled[req] = n
             if spec:
                 spec_reqs.add(req)
@@ -174,7 +158,7 @@ class Scheduler:
         if plan.preempted:
             self.memory_blocked_steps += 1  # nobody is admitted this step: memory was short
             return plan
-        waiting = self.waiting
+        waiting, pool = self.waiting, self.pool
         while waiting and budget > 0 and len(running) < self.max_seqs:
             req = waiting[0]
             total = req.num_tokens  # a preempted request recomputes its outputs too
@@ -205,6 +189,23 @@ class Scheduler:
             req.inflight += n
             budget -= n
         return plan
+
+    def _grow(self, req: Request, total: int, plan: StepPlan, now: float) -> bool:
+        """Give a running request the units for `total` tokens, preempting the newest running
+        requests while the pool is short; False if it preempted `req` itself."""
+        pool = self.pool
+        need = pool.units_for(total) - req.units
+        while need > pool.free:
+            victim = self.running.pop()
+            self._preempt(victim, now)
+            plan.preempted.append(victim)
+            if victim is req:
+                return False
+        if need > 0:
+            pool.take(need)
+            req.units += need
+            req.units_tokens = pool.tokens_held(req.units)
+        return True
 
     def _chunk(self, req: Request, computed: int, n: int) -> int:
         """The prefill chunk of at most `n` tokens that align mode allows (vLLM `_mamba_block_aligned_split`)."""
@@ -275,16 +276,16 @@ class Scheduler:
                     continue  # a prompt chunk samples a token only when it is the last
                 emit = 1
             generated = req.generated
-            left = req.output - generated
-            if emit > left:
-                emit = left  # the request stops at its output length; extra accepted tokens are dropped
-            if generated == 0:
+            if not generated:
                 req.first_token_s = now
-            req.generated = generated = generated + emit
             req.token_times.append(now)
             if not preempted:
                 req.has_draft = spec_enabled  # the drafter ran over this request's new tokens
-            if generated >= req.output:
+            generated += emit
+            if generated < req.output:
+                req.generated = generated
+            else:  # it stops at its output length; extra accepted tokens are dropped
+                req.generated = req.output
                 self._finish(req)
                 req.status = done
                 req.finish_s = now
