@@ -34,6 +34,8 @@ from sim.scheduler import Scheduler, StepPlan
 from sim.step_prices import RunPrices, StepPrices
 
 CELLS = 1 << 16  # requests x steps looked ahead at most (the arrays' size)
+MIN_REQUEST_STEPS = 16  # a run is tried when its requests x sure steps reach this (gathering costs about as much)
+LOOK_PAST = 8  # steps looked ahead beyond half the closest request's tokens left
 FIRST_STRETCH = 16  # steps priced at once first while another event is due, then twice as many each time
 
 
@@ -64,8 +66,10 @@ class DecodeRuns:
         if rows * n > sched.max_tokens:
             return None  # the token budget would cut a draft
         left = min([r.output - r.generated for r in running])
-        if left <= n:
-            return None  # a request may finish in the first step
+        # The run's steps are at least left // n - 1 (a step emits at most n tokens per request);
+        # gathering the requests into arrays and back pays for so many request-steps and more.
+        if left // n * rows < MIN_REQUEST_STEPS or left <= n:
+            return None
         if len(plan.spec) != (rows if self.spec else 0):
             return None
         for req, (planned, tokens) in zip(running, plan.tokens.items()):
@@ -73,7 +77,9 @@ class DecodeRuns:
             if (planned is not req or tokens != n or req.inflight != n or not req.generated
                     or req.computed + 1 != req.prompt + req.generated):
                 return None  # not every request decodes in this step
-        lookahead = min(left, max(2, CELLS // rows))
+        # Steps looked ahead: past where the closest request is expected to finish (its emitted
+        # tokens per step are seldom below 2), the run stops and the next one goes on.
+        lookahead = min(left, max(2, CELLS // rows), left if not self.spec else left // 2 + LOOK_PAST)
         emitted = (np.array([r.acceptance.ahead(lookahead) for r in running], np.int64) + 1 if self.spec
                    else np.ones((rows, lookahead), np.int64))
         computed0 = np.fromiter((r.computed for r in running), np.int64, rows)
@@ -130,12 +136,10 @@ class DecodeRuns:
         running, pool = sched.running, sched.pool
         rows = len(running)
         states = [r.commit_state for r in running] if self.commit_state_kept else None
+        replay_tokens = flush_seqs = None
         if states is not None:
             replayed, flush = type(states[0]).work_ahead(states, emitted[:, :steps])
             replay_tokens, flush_seqs = replayed[:, :steps].sum(axis=0), flush[:, :steps].sum(axis=0)
-        else:
-            replay_tokens = np.zeros(steps, np.int64)
-            flush_seqs = np.full(steps, rows if self.spec else 0, np.int64)
         sums, maxes = contexts[:, :steps].sum(axis=0), contexts[:, :steps].max(axis=0)
         prices = RunPrices(self.prices, rows=rows, tokens=rows * self.n, spec_seqs=rows if self.spec else 0,
                            uniform=self.uniform)
@@ -144,7 +148,9 @@ class DecodeRuns:
         taken, k, stretch = steps, 0, FIRST_STRETCH if horizon < math.inf else steps
         while k < steps:
             stop = min(steps, k + stretch)
-            seconds = prices.durations(replay_tokens[k:stop], flush_seqs[k:stop], sums[k:stop], maxes[k:stop])
+            seconds = prices.durations(sums[k:stop], maxes[k:stop],
+                                       None if states is None else replay_tokens[k:stop],
+                                       None if states is None else flush_seqs[k:stop])
             ends[k:stop + 1] = np.cumsum(np.concatenate((ends[k:k + 1], seconds)))
             due = np.flatnonzero(ends[k + 1:stop + 1] >= horizon)
             if due.size:  # another event falls due first, or at the same time: the loop's step

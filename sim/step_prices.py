@@ -25,6 +25,7 @@ from sim.metrics import StepLog
 from sim.step_trace import BatchTotals, TracedRequest, batch_of_totals
 
 PROBE_ENTRIES = 4096  # the memo's size at which its hits are counted: below a quarter of it, it is dropped
+VECTOR_STEPS = 12  # a run's stretch priced at once from this many steps on (fewer: one by one is cheaper)
 
 
 class PricedStep(NamedTuple):
@@ -76,56 +77,61 @@ class StepPrices:
 
 class RunPrices:
     """The prices of a decode run's steps (sim.decode_run). They differ only in the replay cache's
-    work and in their context sums, so each stretch of steps with the same replay work is priced at
-    once where the latency model can (`LatencyModel.step_times`), else one by one. Durations come a
-    stretch at a time (`durations`); `rows` then logs the prices of the steps the run took, and only
-    those. A lone request's prices are kept by context (`StepPrices.by_context`): at concurrency 1
-    the decode steps of one request repeat the contexts of those before it."""
+    work and in their context sums, so a stretch of steps with the same flushing requests is priced
+    at once where the latency model can (`LatencyModel.step_times`) and the stretch is long enough
+    to pay for it, else one by one (the same floats either way). Durations come a stretch at a time
+    (`durations`); `rows` then logs the prices of the steps the run took, and only those. A lone
+    request's prices are kept by context (`StepPrices.by_context`): at concurrency 1 the decode
+    steps of one request repeat the contexts of those before it."""
 
     def __init__(self, prices: StepPrices, *, rows: int, tokens: int, spec_seqs: int, uniform: bool) -> None:
         self.prices = prices
         self.head = (rows, tokens, rows, uniform, spec_seqs, 0)  # BatchTotals' fields before the replay work
+        self.flush = spec_seqs  # requests whose commit writes the state back, where no policy state says otherwise
         self.steps = 0  # priced so far
         self._known: list[tuple[np.ndarray, np.ndarray]] = []  # (steps, their rows in the price table)
         self._new: list[tuple[np.ndarray, StepTimes, bool, tuple | None, np.ndarray]] = []  # not in the table yet
 
-    def durations(self, replayed: np.ndarray, flushed: np.ndarray, contexts: np.ndarray,
-                  max_contexts: np.ndarray) -> np.ndarray:
-        """Seconds of the run's next len(contexts) steps, given each one's replayed tokens, flushing
-        requests, context sum and longest context."""
-        prices = self.prices
+    def durations(self, contexts: np.ndarray, max_contexts: np.ndarray, replayed: np.ndarray | None = None,
+                  flushed: np.ndarray | None = None) -> np.ndarray:
+        """Seconds of the run's next len(contexts) steps, given each one's context sum and longest
+        context, and where a policy keeps state, its replayed tokens and flushing requests."""
         count = len(contexts)
         steps = np.arange(self.steps, self.steps + count)
         self.steps += count
         out = np.empty(count)
         # A replay run's flushing requests take a few values (each flushes every flush_interval
         # steps), its replayed tokens many: the steps are priced together by the former.
-        if (flushed == flushed[0]).all():
-            groups = [(int(flushed[0]), np.arange(count))]
+        if flushed is None:
+            groups = [(self.flush, steps - steps[0])]
         else:
             values, which = np.unique(flushed, return_inverse=True)
             groups = [(int(f), np.flatnonzero(which == g)) for g, f in enumerate(values.tolist())]
-        replay = bool(replayed.any())
         for flush, idx in groups:
-            first = int(idx[0])
-            batch = prices.batch(BatchTotals(*self.head, int(replayed[first]), flush, int(contexts[first]),
-                                             int(max_contexts[first]), ()))
-            key = self.head + (flush,) if self.head[0] == 1 and not replay else None
+            key = self.head + (flush,) if self.head[0] == 1 and replayed is None else None
             if key is not None:
                 idx = self._cached(key, idx, contexts, steps, out)
-                if not idx.size:
-                    continue
-            times = (prices.vector(batch, contexts[idx], replayed[idx] if replay else None)
-                     if prices.vector is not None else None)
-            if times is None:
-                rows = [prices.price(BatchTotals(*self.head, r, flush, c, m, ()))
-                        for r, c, m in zip(replayed[idx].tolist(), contexts[idx].tolist(), max_contexts[idx].tolist())]
-                out[idx] = [p.duration_s for p in rows]
-                self._known.append((steps[idx], np.array([p.row for p in rows], np.int64)))
-                continue
-            out[idx] = times.total_s
-            self._new.append((steps[idx], times, batch.eager, key, contexts[idx]))
+            if len(idx):
+                self._price(flush, idx, contexts, max_contexts, replayed, steps, out, key)
         return out
+
+    def _price(self, flush: int, idx: np.ndarray, contexts: np.ndarray, max_contexts: np.ndarray,
+               replayed: np.ndarray | None, steps: np.ndarray, out: np.ndarray, key: tuple | None) -> None:
+        prices = self.prices
+        replays = replayed[idx].tolist() if replayed is not None else [0] * len(idx)
+        if prices.vector is not None and len(idx) >= VECTOR_STEPS:
+            first = int(idx[0])
+            batch = prices.batch(BatchTotals(*self.head, replays[0], flush, int(contexts[first]),
+                                             int(max_contexts[first]), ()))
+            times = prices.vector(batch, contexts[idx], replayed[idx] if replayed is not None else None)
+            if times is not None:
+                out[idx] = times.total_s
+                self._new.append((steps[idx], times, batch.eager, key, contexts[idx]))
+                return
+        priced = [prices.price(BatchTotals(*self.head, r, flush, c, m, ()))
+                  for r, c, m in zip(replays, contexts[idx].tolist(), max_contexts[idx].tolist())]
+        out[idx] = [p.duration_s for p in priced]
+        self._known.append((steps[idx], np.array([p.row for p in priced], np.int64)))
 
     def _cached(self, key: tuple, idx: np.ndarray, contexts: np.ndarray, steps: np.ndarray,
                 out: np.ndarray) -> np.ndarray:
@@ -160,8 +166,8 @@ class RunPrices:
                 table = by_context.get(key)
                 size = int(ctx.max()) + 1
                 if table is None or len(table[0]) < size:
-                    grown = (np.full(max(size, 2 * len(table[0]) if table else 0), -1, np.int64),
-                             np.zeros(max(size, 2 * len(table[0]) if table else 0)))
+                    size = max(size, 2 * len(table[0]) if table else 0)
+                    grown = (np.full(size, -1, np.int64), np.zeros(size))
                     if table is not None:
                         grown[0][:len(table[0])], grown[1][:len(table[1])] = table
                     table = by_context[key] = grown
