@@ -26,7 +26,8 @@ TERMS: tuple[str, ...] = (
     "overhead",     # fixed per-step CPU/launch overhead
 )
 US = 1e-6  # seconds per microsecond: the tables are in microseconds
-STEP_MEMO = 200_000  # distinct batch shapes whose context-free pricing a model keeps
+STEP_MEMO = 200_000  # distinct small entries (a step's price, a drafter pass's) a memo keeps
+SHAPE_MEMO = 8_192  # distinct batch shapes whose context-free pricing a model keeps (a few KB each: their op lists)
 
 
 class StepBatch(NamedTuple):

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 from core.interp import Curve1D
 from sim.calibrated_parts import CalibratedParts
-from sim.latency import STEP_MEMO, TERMS, US, StepBatch, StepTime
+from sim.latency import SHAPE_MEMO, TERMS, US, StepBatch, StepTime
 
 
 
@@ -56,7 +56,7 @@ class EagerSumPricing:
         built = self._steps.get(key)
         if built is None:
             built = self.shape(b)
-            if len(self._steps) < STEP_MEMO:
+            if len(self._steps) < SHAPE_MEMO:
                 self._steps[key] = built
         fixed, ctx_parts, needs_fallback = built
         us = dict(fixed)

@@ -32,7 +32,7 @@ import numpy as np
 from core.interp import Curve1D
 from sim.calibrated_parts import CalibratedParts
 from sim.host_model import PipelineOp, pipeline, pipeline_many
-from sim.latency import STEP_MEMO, TERMS, US, StepBatch, StepTime, StepTimes
+from sim.latency import SHAPE_MEMO, STEP_MEMO, TERMS, US, StepBatch, StepTime, StepTimes
 
 FLA_CHUNK = 64  # tokens: fla's chunk size; a varlen call runs each sequence in whole chunks
 
@@ -160,7 +160,7 @@ class PipelinePricing:
         built = self._shapes.get(key)
         if built is None:
             built = self.shape(b)
-            if len(self._shapes) < STEP_MEMO:
+            if len(self._shapes) < SHAPE_MEMO:
                 self._shapes[key] = built
         return built
 

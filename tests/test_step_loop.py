@@ -61,3 +61,23 @@ def test_a_finished_request_holds_no_acceptance_stream():
     assert summary["mean_accepted_len"] is not None  # they did verify drafts
     assert all(r.acceptance is None for r in result.requests)
 
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.floats(0, 100), max_size=30), max_size=40), st.integers(1, 9))
+def test_gaps_gathered_in_chunks_are_each_requests_gaps_in_turn(emissions, chunk):
+    from types import SimpleNamespace
+    from sim import metrics
+    requests = [SimpleNamespace(token_times=sorted(t)) for t in emissions]
+    expected = [g for r in requests for g in np.diff(r.token_times).tolist()]
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(metrics, "GAP_CHUNK", chunk)
+        assert metrics._gaps(requests).tolist() == expected
+
+
+def test_percentiles_taken_in_place_are_those_of_the_values():
+    from sim.metrics import PERCENTILES, _stats
+    values = np.random.default_rng(3).exponential(size=10_001)
+    got = _stats("x", values.copy())
+    assert got["x_mean_s"] == float(values.mean())
+    assert [got[f"x_{k}_s"] for k in PERCENTILES] == [float(np.percentile(values, q)) for q in PERCENTILES.values()]
