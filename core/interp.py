@@ -94,10 +94,11 @@ class GridInterpolator:
             c[:] = [(o + lo, cw * (1.0 - w)) for o, cw in c] + [(o + hi, cw * w) for o, cw in c]
         # log axes: log(time) multilinear; linear axes: time itself, linear between those.
         logv = self._logv
+        log_c = [(o, cw) for o, cw in log_c if cw]
         acc = 0.0
         for base, wl in lin_c:
             if wl:
-                acc += wl * math.exp(sum(cw * logv[base + o] for o, cw in log_c if cw))
+                acc += wl * math.exp(sum([cw * logv[base + o] for o, cw in log_c]))
         return acc * scale
 
     def partial(self, *prefix: float) -> Curve1D:
