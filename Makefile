@@ -28,7 +28,7 @@ help:
 	@echo "make sweep WORKLOAD=sharegpt   main job: grid sweep + figures on the committed calibration"
 	@echo "make test                      the CPU test suite, what CI runs (kernels through TRITON_INTERPRET=1)"
 	@echo "make test-slow / test-gpu      long tests / tests that need a CUDA GPU"
-	@echo "make bench-sim                 simulator speed; make bench-kernels GPU_PY=python3 on a GPU"
+	@echo "make bench-sim [BENCH_VS=DIR]  simulator speed (paired with another checkout); make bench-kernels GPU_PY=python3 on a GPU"
 	@echo "make calibrate GPU_PY=python3  measure layers on a GPU into results/calibration/$(GPU) (MODEL=<name>: one model)"
 	@echo "make validate                  simulate the published vLLM runs of validation/real -> results/validation"
 	@echo "make plan-example              specsim plan's worked example (20 configurations on ShareGPT) into docs/plan/"
@@ -92,8 +92,12 @@ validate: venv
 
 bench: bench-sim
 
+# BENCH_VS=DIR: another checkout of the project, each case run there too, in turn, and the ratios printed;
+# BENCH_ARGS: more `specsim bench` options (--cases, --runs N, --out FILE).
+BENCH_VS   ?=
+BENCH_ARGS ?=
 bench-sim: venv
-	$(PY) -m sim bench
+	$(PY) -m sim bench $(if $(BENCH_VS),--vs $(BENCH_VS)) $(BENCH_ARGS)
 
 bench-kernels:
 	$(GPU_PY) -m policies.kernels.bench --out results/calibration/$(GPU)
@@ -126,6 +130,9 @@ docs: venv
 	$(MAKE) validate VALIDATION_OUT=results/validation
 	rm -rf docs/validation && mkdir -p docs/validation && cp -r results/validation/validation.csv \
 	  results/validation/validation.json results/validation/figures docs/validation/
+	# the simulator's speed, one run per case (exit 1 is a missed target: reported, not a failure)
+	mkdir -p docs/bench && $(PY) -m sim bench --cases $$($(PY) -c 'from sim.readme import SPEED_CASES; print(*SPEED_CASES)') \
+	  --out docs/bench/sim_speed.json; [ $$? -le 1 ]
 	$(PY) -m sim report --readme --write README.md
 
 # The traced runs the step replay executes (calibrate/REPLAY.md): sharegpt, three policies x gmu 0.6 / 0.9

@@ -27,14 +27,34 @@ class RequestCommitState(Protocol):
         """The request was preempted: its state is recomputed from scratch."""
         ...
 
-    @staticmethod
-    def work_ahead(states: Sequence["RequestCommitState"], committed: "np.ndarray") -> tuple["np.ndarray", "np.ndarray"]:
-        """`verify_work` of several states' next verifies at once, when the k-th commits
-        `committed[:, k]` tokens: (replayed, flush) arrays of one row per state and K + 1 columns."""
+
+class RequestStates(Protocol):
+    """A policy's per-request bookkeeping for many requests at once, as arrays with one entry per
+    request (the engine's decode group): the rules of RequestCommitState, over the arrays."""
+
+    def add(self, states: Sequence[RequestCommitState]) -> None:
+        """Append these requests' states."""
         ...
 
-    def fast_forward(self, verifies: int, tokens: int) -> None:
-        """The state `verifies` commits later, replaying `tokens` then (`work_ahead`'s last column)."""
+    def remove(self, keep: "np.ndarray", leaving: Sequence[tuple[int, RequestCommitState]]) -> None:
+        """Hand the entries `leaving` lists back to their requests' states; keep those `keep` marks."""
+        ...
+
+    def verify_work(self) -> tuple["np.ndarray", "np.ndarray"]:
+        """Every entry's (cached tokens replayed, whether its commit writes the state back)."""
+        ...
+
+    def committed(self, accepted_tokens: "np.ndarray") -> None:
+        """A verify of every entry completed, accepting these tokens (bonus included)."""
+        ...
+
+    def work_ahead(self, committed: "np.ndarray") -> tuple["np.ndarray", "np.ndarray"]:
+        """`verify_work` of every entry's next K verifies when the k-th commits `committed[:, k]`:
+        arrays of one row per entry and K + 1 columns."""
+        ...
+
+    def fast_forward(self, verifies: int, tokens: "np.ndarray") -> None:
+        """Every entry `verifies` commits later, replaying `tokens` then (`work_ahead`'s last column)."""
         ...
 
 
@@ -88,6 +108,10 @@ class CommitPolicy:
     def request_state(self) -> "RequestCommitState | None":
         """What the policy tracks per request between verify steps (replay's input cache);
         None when a verify's work depends on nothing from earlier steps."""
+        return None
+
+    def request_states(self) -> "RequestStates | None":
+        """`request_state` for many requests at once, as arrays (None where that is None)."""
         return None
 
     def commit_is_index_update(self) -> bool:

@@ -46,6 +46,9 @@ class Replay(CommitPolicy):
     def request_state(self) -> "ReplayCache":
         return ReplayCache(self.flush_interval)
 
+    def request_states(self) -> "ReplayCaches":
+        return ReplayCaches(self.flush_interval)
+
 
 class ReplayCache:
     """One request's input cache: the verify replays the tokens accepted since the last flush,
@@ -71,26 +74,55 @@ class ReplayCache:
     def reset(self) -> None:
         self.steps = self.tokens = 0
 
-    @staticmethod
-    def work_ahead(caches: Sequence["ReplayCache"], committed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """`verify_work` of the next verifies of several caches at once, when the k-th commits
-        `committed[:, k]` tokens (one row per cache, K columns): (replayed tokens, flushes), each
-        with K + 1 columns, the last one the verify after those K (its `verify_work` then)."""
+
+class ReplayCaches:
+    """Many requests' input caches as arrays, one entry per request (the engine's decode group
+    keeps its members' so): `ReplayCache`'s rules, over the arrays."""
+
+    def __init__(self, flush_interval: int) -> None:
+        self.flush_interval = flush_interval
+        self.steps = np.zeros(0, np.int64)
+        self.tokens = np.zeros(0, np.int64)
+
+    def add(self, caches: Sequence[ReplayCache]) -> None:
+        """Append these requests' caches."""
+        self.steps = np.concatenate((self.steps, np.fromiter((c.steps for c in caches), np.int64, len(caches))))
+        self.tokens = np.concatenate((self.tokens, np.fromiter((c.tokens for c in caches), np.int64, len(caches))))
+
+    def remove(self, keep: np.ndarray, leaving: Sequence[tuple[int, ReplayCache]]) -> None:
+        """Hand the entries `leaving` lists back to their caches; keep those `keep` marks."""
+        for i, cache in leaving:
+            cache.steps, cache.tokens = int(self.steps[i]), int(self.tokens[i])
+        self.steps, self.tokens = self.steps[keep], self.tokens[keep]
+
+    def verify_work(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each entry's `ReplayCache.verify_work`: (tokens replayed, flushes)."""
+        return self.tokens, self.steps + 1 >= self.flush_interval
+
+    def committed(self, accepted_tokens: np.ndarray) -> None:
+        """A verify of every entry completed (`ReplayCache.committed`)."""
+        flush = self.steps + 1 >= self.flush_interval
+        self.tokens = np.where(flush, 0, self.tokens + accepted_tokens)
+        self.steps = np.where(flush, 0, self.steps + 1)
+
+    def work_ahead(self, committed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`verify_work` of every entry's next verifies, when the k-th commits `committed[:, k]`
+        tokens (one row per entry, K columns): (replayed tokens, flushes), each with K + 1 columns,
+        the last one the verify after those K (the entry's `verify_work` then)."""
         rows, k = committed.shape
-        interval = caches[0].flush_interval
-        steps0 = np.fromiter((c.steps for c in caches), np.int64, rows)
-        tokens0 = np.fromiter((c.tokens for c in caches), np.int64, rows)
-        flush = (steps0[:, None] + np.arange(k + 1)) % interval == interval - 1
+        interval = self.flush_interval
+        flush = (self.steps[:, None] + np.arange(k + 1)) % interval == interval - 1
         done = np.zeros((rows, k + 1), np.int64)  # tokens committed before each verify
         np.cumsum(committed, axis=1, out=done[:, 1:])
         # The cache holds what was committed since the last flush before the verify (the flushing
         # commit caches nothing), or since the start plus what it held then.
         since = np.zeros((rows, k + 1), np.int64)  # 1 + the last flush before each verify (0: none)
         np.maximum.accumulate(np.where(flush[:, :k], np.arange(1, k + 1), 0), axis=1, out=since[:, 1:])
-        base = np.where(since > 0, np.take_along_axis(done, since, axis=1), -tokens0[:, None])
+        base = np.where(since > 0, np.take_along_axis(done, since, axis=1), -self.tokens[:, None])
         return done - base, flush
 
-    def fast_forward(self, verifies: int, tokens: int) -> None:
-        """The state `verifies` commits later, holding `tokens` (`work_ahead`'s column for it)."""
+    def fast_forward(self, verifies: int, tokens: np.ndarray) -> None:
+        """Every entry `verifies` commits later, holding `tokens` (`work_ahead`'s column for it)."""
         self.steps = (self.steps + verifies) % self.flush_interval
         self.tokens = tokens
+

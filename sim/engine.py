@@ -32,6 +32,7 @@ from core.config import ConfigError, EngineConfig
 from policies import CommitPolicy
 from sim.acceptance import AcceptanceModel
 from sim.client import Client
+from sim.decode_group import DecodeGroup
 from sim.decode_run import DecodeRuns
 from sim.dispatch import capture_sizes
 from sim.latency import LatencyModel, StepBatch
@@ -40,7 +41,7 @@ from sim.pool import Pool
 from sim.request import Request, Status
 from sim.scheduler import Scheduler, StepPlan
 from sim.step_prices import PricedStep, StepPrices
-from sim.step_trace import BatchColumns, BatchTotals, TracedRequest, column_totals
+from sim.step_trace import BatchColumns, BatchTotals, TracedRequest, add_totals, column_totals
 from workloads.base import RequestSpec
 
 @dataclass
@@ -55,9 +56,9 @@ class EngineResult:
 
 class Engine:
     def __init__(self, env: simpy.Environment, scheduler: Scheduler, latency: LatencyModel, policy: CommitPolicy,
-                 steps: StepLog, acceptance: AcceptanceModel | None, decode_runs: bool = True) -> None:
-        """`acceptance`: the draws of a speculating run (None without speculation); `decode_runs`:
-        advance runs of decode steps at once (sim.decode_run; never while tracing)."""
+                 steps: StepLog, acceptance: AcceptanceModel | None) -> None:
+        """`acceptance`: the draws of a speculating run (None without speculation). Where the
+        scheduler keeps a decode group, runs of decode steps advance at once (sim.decode_run)."""
         self.env = env
         self.acceptance = acceptance
         self.scheduler = scheduler
@@ -73,8 +74,7 @@ class Engine:
                                  sizes=capture_sizes(scheduler.max_seqs, scheduler.max_tokens,
                                                      scheduler.verify_positions),
                                  full_graph_ok=not policy.forces_eager())
-        self.runs = DecodeRuns(scheduler, self.prices, steps, draft_depth=self.draft_depth,
-                               commit_state_kept=self.commit_state_kept) if decode_runs and not steps.trace else None
+        self.runs = DecodeRuns(scheduler, self.prices, steps) if scheduler.group is not None else None
         self.on_done = lambda req: None  # the client's callback for finished requests
         self._wake: simpy.Event | None = None
 
@@ -110,12 +110,11 @@ class Engine:
                     yield self._wake  # never fires once the client has nothing left: the run ends
                     self._wake = None
                     continue
-                plan = self._plan(env.now, step_in_flight=False)
+                plan = self._plan(env.now)
                 if plan is None:
                     continue  # every running request was preempted; readmit them now
-            if (runs is not None and not ran and not sched.waiting and not plan.admitted
-                    and len(plan.tokens) == len(sched.running)):
-                delay = runs.advance(plan, env.now, env.peek())
+            if runs is not None and not ran and plan.group and not plan.tokens and not sched.waiting:
+                delay = runs.advance(now=env.now, horizon=env.peek())
                 if delay is not None:
                     yield env.timeout(delay)
                     ran = True
@@ -133,11 +132,11 @@ class Engine:
                 priced = prices.price(totals)
             rows.append(priced.row)
             free.append(pool.free)
-            log.request_steps += len(plan.tokens)
+            log.request_steps += totals.num_seqs
             # Async scheduling plans the next step now, from the outputs of the steps before this one.
-            following = self._plan(now, step_in_flight=True) if self.async_scheduling else None
+            following = self._plan(now, step_in_flight=plan) if self.async_scheduling else None
             yield env.timeout(priced.duration_s)
-            self._complete(plan, env.now)
+            self._complete(plan, env.now, following)
             plan = following
 
     def _trace_step(self, now: float, plan: StepPlan, batch: StepBatch, priced: PricedStep) -> None:
@@ -150,23 +149,33 @@ class Engine:
                          sched.pool.used, sched.pool.usage, st.mode))
         log.record(now, batch, st)
 
-    def _plan(self, now: float, step_in_flight: bool) -> StepPlan | None:
-        """The scheduler's next step; None when it holds no request (plan again later)."""
-        plan = self.scheduler.schedule(now)
-        if plan.tokens:
+    def _plan(self, now: float, step_in_flight: StepPlan | None = None) -> StepPlan | None:
+        """The scheduler's next step (`step_in_flight`: the step running while it is planned, async
+        scheduling); None when it holds no request (plan again later)."""
+        plan = self.scheduler.schedule(now, step_in_flight)
+        if not plan.empty:
             return plan
         if plan.preempted:
             if self.steps.trace:
                 self.steps.events.extend((now, "preempt", r.rid) for r in plan.preempted)
             return None
-        if step_in_flight:
+        if step_in_flight is not None:
             return None  # nothing to add while a step runs (vLLM launches no batch): plan after its outputs
         sched = self.scheduler
         raise RuntimeError(f"engine stalled at t={now}: {len(sched.waiting)} waiting, nothing schedulable")
 
     def _totals(self, plan: StepPlan) -> BatchTotals:
-        """The BatchTotals the latency model prices for this plan: the scheduled requests gathered
-        into columns over the batch (sim.step_trace.BatchColumns), or a lone request's own."""
+        """The BatchTotals the latency model prices for this plan: the requests planned one by one
+        gathered into columns over the batch (sim.step_trace.BatchColumns), or a lone request's own,
+        with the decode group's added."""
+        group = self.scheduler.group
+        if not plan.group or not group.size:
+            return self._own_totals(plan)
+        if not plan.tokens:
+            return group.totals()
+        return add_totals(self._own_totals(plan), group.totals())
+
+    def _own_totals(self, plan: StepPlan) -> BatchTotals:
         vp = self.scheduler.verify_positions
         scheduled, spec_reqs = plan.tokens, plan.spec
         if len(scheduled) == 1:  # concurrency 1: most steps of a closed loop at low load
@@ -218,9 +227,11 @@ class Engine:
         self.steps.accepted(req.rid, a + 1)
         return a
 
-    def _complete(self, plan: StepPlan, now: float) -> None:
-        """The step's outputs to the scheduler; finished requests back to the client."""
-        for req in self.scheduler.update_from_output(plan, now, self._sample_traced if self.steps.trace else None):
+    def _complete(self, plan: StepPlan, now: float, following: StepPlan | None) -> None:
+        """The step's outputs to the scheduler (`following`: the step planned while it ran);
+        finished requests back to the client."""
+        for req in self.scheduler.update_from_output(plan, now, self._sample_traced if self.steps.trace else None,
+                                                     following):
             # A finished request keeps what the metrics read, and the few counters of its policy
             # state that a plan already made for it (async scheduling) still prices.
             req.acceptance = None
@@ -234,14 +245,15 @@ def run_engine(specs: Sequence[RequestSpec], *, pool: Pool, policy: CommitPolicy
                admission: str = "full_prompt", arrivals: Sequence[float] | None = None,
                max_concurrency: int | None = None, trace: bool = False, engine: EngineConfig | None = None,
                block_tokens: int | None = None, round_trip_s: float = 0.0,
-               tokenize_s_per_token: float = 0.0, decode_runs: bool = True) -> EngineResult:
+               tokenize_s_per_token: float = 0.0, decode_group: bool = True) -> EngineResult:
     """Simulate `specs` through one engine; `arrivals` are ready times (default: all at 0).
 
     `engine` supplies the vLLM behaviours (async scheduling, draft truncation, mamba
     cache mode; default: current vLLM's); `block_tokens` is the scheduler's block size
     for align mode (default: the paged pool's attention block); `round_trip_s` and
     `tokenize_s_per_token` the client's time outside the engine per request (sim.client);
-    `decode_runs` False steps every decode one at a time (the same results, slower: sim.decode_run).
+    `decode_group` False plans and processes every request on its own, one step at a time (the
+    same results, slower: sim.decode_group, sim.decode_run); a traced run always does.
     """
     if arrivals is not None and len(arrivals) != len(specs):
         raise ValueError(f"{len(arrivals)} arrival times for {len(specs)} requests")
@@ -271,9 +283,12 @@ def run_engine(specs: Sequence[RequestSpec], *, pool: Pool, policy: CommitPolicy
         lookahead=model.mtp_depth, admission=admission, max_model_len=model.max_model_len,
         async_scheduling=engine.async_scheduling, truncate_drafts=engine.truncate_drafts and chain,
         align_tokens=align,
+        group=DecodeGroup(verify_positions=policy.verify_positions if spec_on else 1, lookahead=model.mtp_depth,
+                          sync=not engine.async_scheduling, states=policy.request_states())
+        if decode_group and not trace else None,
     )
     steps = StepLog(trace, pool.capacity)
-    sim = Engine(env, scheduler, latency, policy, steps, acceptance if spec_on else None, decode_runs)
+    sim = Engine(env, scheduler, latency, policy, steps, acceptance if spec_on else None)
     times = [0.0] * len(specs) if arrivals is None else [float(t) for t in arrivals]
     requests = [Request(s, t) for s, t in zip(specs, times)]
     client = Client(env, requests, max_concurrency, sim.submit, round_trip_s, tokenize_s_per_token)

@@ -35,6 +35,8 @@ RUN_ARGS = "--model qwen3.5-35b-a3b --hardware h200 --gmu 0.6 --concurrency 128 
 # The step executor's replay the step-check block reports (committed with the calibration).
 STEP_REPLAY = REPO_ROOT / "results" / "calibration" / "h200" / "qwen3.5-35b-a3b" / "replay_summary.json"
 STEP_KINDS = ("uniform_decode", "mixed_graph", "mixed_eager", "prefill_only", "all")
+SPEED = "bench/sim_speed.json"  # `make docs`'s simulator benchmark
+SPEED_CASES = ("1k-c128", "100k-c128", "2k-c1", "grid")  # its cases (the generated workloads' grids take minutes)
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated: (?P=name) -->)", re.S)
 
 
@@ -205,10 +207,31 @@ def step_check(docs: Path) -> str:
             f"{s['sum_predicted_s']:.1f} s predicted.\n\n" + md_table(pd.DataFrame(rows)))
 
 
+def speed(docs: Path) -> str:
+    """`make docs`'s run of the simulator benchmark (docs/bench/sim_speed.json): one run per case."""
+    path = docs / SPEED
+    if not path.is_file():
+        raise ConfigError(f"{path}: missing; `make docs` writes it")
+    b = json.loads(path.read_text())
+    rows = []
+    for c in b["cases"]:
+        m, t = c["median"], c["targets"]
+        rows.append({"case": c["what"], "wall (s)": f"{m['wall_s']:.2f} (target {t['wall_s']:g})",
+                     "engine loop (s)": "" if m["engine_s"] is None else
+                     f"{m['engine_s']:.3f}" + (f" (target {t['engine_s']:g})" if t["engine_s"] else ""),
+                     "requests/s": f"{m['requests_per_s']:,.0f}",
+                     "request-steps/s": "" if m["request_steps_per_s"] is None else f"{m['request_steps_per_s']:,.0f}",
+                     "peak MB": f"{m['peak_mb']:,.0f}" + (f" (target {t['peak_mb']:g})" if t["peak_mb"] else "")})
+    mach = b["machine"]
+    return (f"`{b['command']}` at commit `{b['commit']}`, {b['date']}, on {mach['cores']} cores of an {mach['cpu']} "
+            f"shared with other jobs (its speed drifts; `--vs` pairs two checkouts run in turn):\n\n"
+            + md_table(pd.DataFrame(rows)))
+
+
 # Each block of the README by name, in the README's order; a section another module adds is one more entry.
 BLOCKS: dict[str, Callable[[Path], str]] = {"headline": headline, "one-point": one_point, "trees": trees,
                                             "provenance": provenance, "models": models, "step-check": step_check,
-                                            "validation": validation}
+                                            "validation": validation, "speed": speed}
 
 
 def render(docs: Path = DOCS) -> dict[str, str]:

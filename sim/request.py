@@ -38,7 +38,7 @@ class Request:
         "computed", "generated", "units", "units_tokens", "has_draft", "inflight",
         "preemptions", "enqueued_s", "waiting_s", "waited_for_memory", "memory_epoch",
         "first_scheduled_s", "first_token_s", "finish_s", "token_times",
-        "spec_steps", "spec_tokens", "acceptance", "commit_state",
+        "spec_steps", "spec_tokens", "acceptance", "commit_state", "group",
     )
 
     def __init__(self, spec: RequestSpec, arrival_s: float) -> None:
@@ -70,6 +70,7 @@ class Request:
         self.spec_tokens = 0  # tokens those steps accepted, bonus included (before output truncation)
         self.acceptance: "AcceptanceStream | None" = None  # its draws while in the engine (a speculating run)
         self.commit_state: "RequestCommitState | None" = None  # the policy's bookkeeping between verifies
+        self.group = False  # in the scheduler's decode group: its counters live there (sim.decode_group)
 
     @property
     def num_tokens(self) -> int:

@@ -33,6 +33,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from sim.decode_group import DecodeGroup
 from sim.pool import Pool
 from sim.request import Request, Status
 
@@ -54,14 +57,20 @@ class StepPlan:
     partial: set[Request] = field(default_factory=set)
     preempted: list[Request] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
+    group: bool = False  # every member of the scheduler's decode group is in it too (n tokens each)
+
+    @property
+    def empty(self) -> bool:
+        return not self.tokens and not self.group
 
 
 class Scheduler:
     def __init__(self, pool: Pool, *, max_num_batched_tokens: int, max_num_seqs: int, verify_positions: int,
                  lookahead: int, admission: str, max_model_len: int, async_scheduling: bool,
-                 truncate_drafts: bool, align_tokens: int) -> None:
+                 truncate_drafts: bool, align_tokens: int, group: DecodeGroup | None = None) -> None:
         """`truncate_drafts` only for a chain draft; `align_tokens`: the block size of mamba cache
-        mode "align" (0: chunks are not aligned)."""
+        mode "align" (0: chunks are not aligned); `group`: where steady decodes are kept as
+        arrays (sim.decode_group; None: every request planned on its own)."""
         if admission not in ("full_prompt", "first_chunk"):
             raise ValueError(f"engine.admission must be 'full_prompt' or 'first_chunk', got {admission!r}")
         if align_tokens < 0:
@@ -83,6 +92,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.memory_blocked_steps = 0  # steps that preempted, or whose queue head could not get its blocks
         self.preemptions = 0
+        self.group = group
 
     # ------------------------------------------------------------------ arrivals
     def reject_reason(self, req: Request) -> str:
@@ -102,8 +112,11 @@ class Scheduler:
         self.waiting.append(req)
 
     # ------------------------------------------------------------------ one step
-    def schedule(self, now: float) -> StepPlan:
+    def schedule(self, now: float, in_flight: StepPlan | None = None) -> StepPlan:
+        """The next step. `in_flight`: the step planned before whose outputs are not processed yet
+        (async scheduling); decode-group members that leave the group now go into it on their own."""
         plan = StepPlan()
+        grow = self._plan_group(plan, in_flight) if self.group is not None and self.group.size else None
         budget = self.max_tokens
         vp = self.verify_positions
         la = self.lookahead
@@ -117,6 +130,9 @@ class Scheduler:
         for req in running:
             if budget <= 0:
                 break
+            if req.group:
+                budget -= vp  # a member: the group plans its n tokens
+                continue
             inflight = req.inflight
             computed = req.computed + inflight  # vLLM's num_computed_tokens
             generated = req.generated
@@ -159,6 +175,8 @@ class Scheduler:
             self.memory_blocked_steps += 1  # nobody is admitted this step: memory was short
             return plan
         waiting, pool = self.waiting, self.pool
+        if grow:
+            self.group.grow(pool, grow)
         while waiting and budget > 0 and len(running) < self.max_seqs:
             req = waiting[0]
             total = req.num_tokens  # a preempted request recomputes its outputs too
@@ -189,6 +207,32 @@ class Scheduler:
             req.inflight += n
             budget -= n
         return plan
+
+    def _plan_group(self, plan: StepPlan, in_flight: StepPlan | None) -> list[tuple[int, int]] | None:
+        """The decode group's part of the step: members near their output length leave it first;
+        then either every member is planned in place (n tokens each) and the members that grow past
+        their blocks, with their units, are returned, or, where the budget or the pool could not
+        serve them all in running order, every member leaves and the step is planned one by one."""
+        group = self.group
+        self._leave(group.near_their_end(), in_flight)
+        if not group.size:
+            return None
+        need, grow = group.growth(self.pool)
+        if not group.fits(self.running, need, self.max_tokens, self.pool, self.lookahead):
+            self._leave(np.arange(group.size), in_flight)
+            return None
+        plan.group = True
+        return grow
+
+    def _leave(self, which: np.ndarray, in_flight: StepPlan | None) -> None:
+        """Members out of the group; in the step in flight (async) they are planned on their own."""
+        n = self.verify_positions
+        left = self.group.leave(which, 0 if in_flight is None else n)
+        if in_flight is not None:
+            for req in left:
+                in_flight.tokens[req] = n
+                if n > 1:
+                    in_flight.spec.add(req)
 
     def _grow(self, req: Request, total: int, plan: StepPlan, now: float) -> bool:
         """Give a running request the units for `total` tokens, preempting the newest running
@@ -240,13 +284,15 @@ class Scheduler:
         self.preemptions += 1
 
     # ------------------------------------------------------------------ outputs
-    def update_from_output(self, plan: StepPlan, now: float,
-                           accepted: Callable[[Request, int], int] | None = None) -> list[Request]:
+    def update_from_output(self, plan: StepPlan, now: float, accepted: Callable[[Request, int], int] | None = None,
+                           following: StepPlan | None = None) -> list[Request]:
         """Process a step's outputs (vLLM's `Scheduler.update_from_output`): progress, the drafts
         each verifying request whose outputs count accepted, emitted tokens; returns the requests it
         finished, whose blocks are freed and who leave `running`. The step's sampled result for a
         request verifying n positions is the next count of its acceptance stream (at most its n - 1
-        drafts), or `accepted(req, n)` where given (the engine's, when it records the trace)."""
+        drafts), or `accepted(req, n)` where given (the engine's, when it records the trace). Then
+        requests that decode steadily join the decode group: under async scheduling from `following`,
+        the step planned while this one ran."""
         finished: list[Request] = []
         spec_enabled = self.verify_positions > 1
         spec_reqs, partial = plan.spec, plan.partial
@@ -290,10 +336,29 @@ class Scheduler:
                 req.status = done
                 req.finish_s = now
                 finished.append(req)
+        if plan.group and self.group.size:
+            self.group.complete(now)
         if finished:
             running = Status.RUNNING
             self.running = [r for r in self.running if r.status is running]
+        if self.group is not None:
+            self._join(following)
         return finished
+
+    def _join(self, following: StepPlan | None) -> None:
+        group = self.group
+        if self.async_scheduling:
+            if following is None:
+                return
+            joining = group.joiners(following.tokens.items(), following.spec, inflight=self.verify_positions)
+            for req in joining:
+                del following.tokens[req]
+                following.spec.discard(req)
+            following.group |= bool(joining)
+        else:
+            joining = group.joiners(((r, self.verify_positions) for r in self.running if not r.group), None,
+                                    inflight=0)
+        group.join(joining)
 
     def _finish(self, req: Request) -> None:
         """Free a finished request's blocks.

@@ -40,8 +40,8 @@ HEAD = ("step", "time_s", "kind", "num_seqs", "num_tokens", "prefill_tokens", "p
 TERM_PREFIX = "us_"
 
 __all__ = ["STEP_KINDS", "BatchColumns", "BatchRequest", "BatchTotals", "StepTraceError", "TracedRequest", "TracedStep",
-           "assemble_batch", "assemble_columns", "batch_of", "batch_of_totals", "column_totals", "read_steps",
-           "write_steps"]
+           "add_totals", "assemble_batch", "assemble_columns", "batch_of", "batch_of_totals", "column_totals",
+           "read_steps", "write_steps"]
 
 
 class StepTraceError(ValueError):
@@ -157,6 +157,14 @@ def column_totals(c: BatchColumns, *, verify_positions: int, draft_depth: int) -
     return BatchTotals(num_seqs, total, num_seqs - len(chunks), uniform, spec_seqs,
                        verify_positions * spec_seqs - verify_tokens, replay_tokens, flush_seqs, sum(contexts),
                        max(contexts), chunks)
+
+
+def add_totals(a: BatchTotals, b: BatchTotals) -> BatchTotals:
+    """The totals of two parts of one step's batch (`a` first in scheduling order)."""
+    return BatchTotals(a.num_seqs + b.num_seqs, a.tokens + b.tokens, a.decode_seqs + b.decode_seqs,
+                       a.uniform and b.uniform, a.spec_seqs + b.spec_seqs, a.truncated + b.truncated,
+                       a.replay_tokens + b.replay_tokens, a.flush_seqs + b.flush_seqs,
+                       a.context_tokens + b.context_tokens, max(a.max_context, b.max_context), a.chunks + b.chunks)
 
 
 def batch_of_totals(t: BatchTotals, *, verify_positions: int, draft_depth: int, sizes: Sequence[int],

@@ -1,7 +1,9 @@
-"""Decode runs (sim.decode_run) change how the engine reaches each step, never what happens:
-every output of a run with them equals, float for float, that of the same run stepped one step
-at a time. And the pieces they are built from give what their one-at-a-time twins give."""
+"""The decode group (sim.decode_group) and its decode runs (sim.decode_run) change how the engine
+reaches each step, never what happens: every output of a run with them equals, float for float,
+that of the same run planned one request and one step at a time. And the pieces they are built
+from give what their one-at-a-time twins give."""
 import copy
+import functools
 import json
 import random
 
@@ -13,10 +15,13 @@ from hypothesis import strategies as st
 from core.config import EngineConfig, RunConfig, load_hardware, load_model, load_policy
 from core.interp import GridInterpolator
 from policies import make_policy
-from policies.replay import ReplayCache
+from policies.replay import ReplayCache, ReplayCaches
 from sim.acceptance import AcceptanceStream
 from sim.budget import served_model
+from sim import run as run_module
+from sim.decode_group import DecodeGroup
 from sim.decode_run import DecodeRuns, landing_delay
+from sim.engine import run_engine
 from sim.dispatch import capture_sizes
 from sim.latency import TERMS
 from sim.latency_factory import make_latency_model
@@ -57,39 +62,48 @@ CASES = {
 }
 
 
-def run(cfg: dict, monkeypatch, runs: bool):
+ALWAYS_JOINED = ()  # cases whose runs all stop at their first step (none so far)
+
+
+def run(cfg: dict, monkeypatch, group: bool):
     """The summary, request rows, step durations and pool usage of one configuration."""
     with monkeypatch.context() as m:
-        if not runs:
-            m.setattr(DecodeRuns, "advance", lambda self, plan, now, horizon: None)
+        if not group:
+            m.setattr(run_module, "run_engine", functools.partial(run_engine, decode_group=False))
         summary, result = simulate_result(RunConfig.model_validate(cfg))
     return (json.dumps(summary, sort_keys=True), request_rows(result.requests), result.steps.durations.tolist(),
             result.steps.usage.tolist())
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_runs_change_no_output(name, monkeypatch):
+def test_group_and_runs_change_no_output(name, monkeypatch):
     cfg = {"workload": "generation-heavy", "num_requests": 120, "seed": 3, **CASES[name]}
-    took = []
-    advance = DecodeRuns.advance
+    joined, ran = [], []
+    join, advance = DecodeGroup.join, DecodeRuns.advance
 
-    def counted(self, plan, now, horizon):
-        delay = advance(self, plan, now, horizon)
-        took.append(delay is not None)
+    def counted_join(self, reqs):
+        joined.append(len(reqs))
+        return join(self, reqs)
+
+    def counted_advance(self, now, horizon):
+        delay = advance(self, now, horizon)
+        ran.append(delay is not None)
         return delay
 
-    monkeypatch.setattr(DecodeRuns, "advance", counted)
-    with_runs = run(cfg, monkeypatch, runs=True)
-    assert any(took), "no decode run was taken: the case tests nothing"
-    assert with_runs == run(cfg, monkeypatch, runs=False)
+    monkeypatch.setattr(DecodeGroup, "join", counted_join)
+    monkeypatch.setattr(DecodeRuns, "advance", counted_advance)
+    with_group = run(cfg, monkeypatch, group=True)
+    assert sum(joined), "no request joined the decode group: the case tests nothing"
+    assert any(ran) or name in ALWAYS_JOINED, "no decode run was taken"
+    assert with_group == run(cfg, monkeypatch, group=False)
 
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 1500), st.integers(1, 120)), min_size=1, max_size=14),
        st.sampled_from(["store_all", "replay", "reconstruct", "none"]), st.booleans(),
        st.sampled_from([None, 30, 60]), st.sampled_from([None, 1, 3]), st.integers(0, 3))
-def test_runs_change_nothing_in_hand_made_scenarios(lengths, policy, current, blocks, concurrency, seed):
-    # A traced run steps one step at a time (runs stay off while tracing); an untraced one takes runs.
+def test_group_changes_nothing_in_hand_made_scenarios(lengths, policy, current, blocks, concurrency, seed):
+    # A traced run plans every request on its own (no decode group while tracing); an untraced one keeps one.
     engine = CURRENT if current else OLD
     kw = dict(policy="store_all" if policy == "none" else policy, mtp_depth=0 if policy == "none" else None,
               num_blocks=blocks, concurrency=concurrency, seed=seed, engine=engine,
@@ -121,7 +135,7 @@ def test_acceptance_stream_ahead_then_skip_reads_the_same_counts():
 
 
 @pytest.mark.parametrize("interval", [1, 2, 4, 5])
-def test_replay_work_ahead_is_the_caches_own_work(interval):
+def test_replay_caches_as_arrays_follow_each_caches_rules(interval):
     rng = np.random.default_rng(interval)
     for _ in range(50):
         caches = []
@@ -130,16 +144,29 @@ def test_replay_work_ahead_is_the_caches_own_work(interval):
             for _ in range(int(rng.integers(0, 9))):
                 c.committed(int(rng.integers(1, 5)))
             caches.append(c)
+        alone = [copy.copy(c) for c in caches]
+        many = ReplayCaches(interval)
+        many.add(caches)
         committed = rng.integers(1, 5, size=(len(caches), int(rng.integers(1, 14))))
-        replayed, flush = ReplayCache.work_ahead(caches, committed)
-        for i, c in enumerate(caches):
-            alone = copy.copy(c)
+        replayed, flush = many.work_ahead(committed)
+        for i, c in enumerate(alone):
             for k in range(committed.shape[1] + 1):
-                assert (replayed[i, k], flush[i, k]) == alone.verify_work()
+                assert (replayed[i, k], flush[i, k]) == c.verify_work()
                 if k < committed.shape[1]:
-                    alone.committed(int(committed[i, k]))
-            c.fast_forward(committed.shape[1], int(replayed[i, -1]))
-            assert (c.steps, c.tokens) == (alone.steps, alone.tokens)
+                    c.committed(int(committed[i, k]))
+        step = rng.integers(1, 5, size=len(caches))  # one more verify each, as the group commits it
+        many.fast_forward(committed.shape[1], replayed[:, -1])
+        assert [tuple(w) for w in zip(*many.verify_work())] == [c.verify_work() for c in alone]
+        many.committed(step)
+        for c, s in zip(alone, step.tolist()):
+            c.committed(s)
+        leaving = [0, len(caches) - 1]
+        keep = np.ones(len(caches), bool)
+        keep[leaving] = False
+        many.remove(keep, [(i, caches[i]) for i in leaving])
+        for i in leaving:
+            assert (caches[i].steps, caches[i].tokens) == (alone[i].steps, alone[i].tokens)
+        assert len(many.steps) == int(keep.sum())
 
 
 def test_curve_over_an_array_is_the_curve_at_each_point():

@@ -288,8 +288,8 @@ def test_invariants_hold_for_random_scenarios(lengths, policy, widths, spare_blo
     blocks = setup(policy, widths, engine=engine)[2].state_blocks + 2 + spare_blocks  # one short request + null block
     plans, schedule = [], Scheduler.schedule
 
-    def recorded(self, now):
-        plans.append(schedule(self, now))
+    def recorded(self, now, in_flight=None):
+        plans.append(schedule(self, now, in_flight))
         return plans[-1]
     with patch.object(Scheduler, "schedule", recorded):
         res, s = scenario(specs(*lengths), policy=policy, widths=widths, num_blocks=blocks, max_tokens=max_tokens,

@@ -122,8 +122,8 @@ def plans(monkeypatch):
     seen = []
     schedule = Scheduler.schedule
 
-    def recording(self, now):
-        plan = schedule(self, now)
+    def recording(self, now, in_flight=None):
+        plan = schedule(self, now, in_flight)
         for req, n in plan.tokens.items():
             seen.append((req.rid, req.computed + req.inflight - n, n, req.num_tokens, req in plan.spec))
         return plan
