@@ -28,7 +28,7 @@ from sim.request import Request, Status
 from sim.step_trace import BatchTotals
 
 DRAWS = 64  # acceptance counts read ahead per member at a time
-COUNTERS = ("computed", "generated", "output", "units", "held", "spec_steps", "spec_tokens", "joined", "ptr")
+COUNTERS = ("computed", "generated", "output", "units", "held", "spec_steps", "spec_tokens", "joined", "ptr", "avail")
 
 
 class DecodeGroup:
@@ -45,7 +45,7 @@ class DecodeGroup:
         self.reqs: list[Request] = []
         # The members' counters, a row each (COUNTERS' order; each row is also the attribute of
         # its name): joining and leaving move one array. `joined`: a member's first step in
-        # `times`; `ptr`: its next count in its row of `draws`.
+        # `times`; `ptr`, `avail`: its next count in its row of `draws`, and how many the row holds.
         self.counters = np.zeros((len(COUNTERS), 0), np.int64)
         self._bind()
         self.draws = np.zeros((0, DRAWS), np.int64)  # acceptance counts read ahead, a row per member
@@ -53,7 +53,7 @@ class DecodeGroup:
 
     def _bind(self) -> None:
         (self.computed, self.generated, self.output, self.units, self.held, self.spec_steps, self.spec_tokens,
-         self.joined, self.ptr) = self.counters
+         self.joined, self.ptr, self.avail) = self.counters
 
     @property
     def size(self) -> int:
@@ -66,17 +66,19 @@ class DecodeGroup:
             return
         step = len(self.times)
         new = np.array([(r.computed, r.generated, r.output, r.units, r.units_tokens, r.spec_steps, r.spec_tokens,
-                         step, 0) for r in reqs], np.int64).T
+                         step, 0, 0) for r in reqs], np.int64).T
+        first = self.size
         self.counters = np.concatenate((self.counters, new), axis=1)
         self._bind()
         if self.spec:
-            width = self.draws.shape[1]
-            self.draws = np.concatenate((self.draws, np.array([r.acceptance.ahead(width) for r in reqs], np.int64)))
+            self.draws = np.concatenate((self.draws, np.zeros((len(reqs), self.draws.shape[1]), np.int64)))
         if self.states is not None:
             self.states.add([r.commit_state for r in reqs])
         for r in reqs:
             r.group = True
         self.reqs.extend(reqs)
+        if self.spec:
+            self._read(range(first, self.size), self.draws.shape[1])
 
     def leave(self, which: np.ndarray, inflight: int) -> list[Request]:
         """Bring the members at indices `which` up to date and out of the group; `inflight`: the
@@ -86,7 +88,7 @@ class DecodeGroup:
         keep = np.ones(self.size, bool)
         keep[which] = False
         out = []
-        for i, (computed, generated, _, units, held, spec_steps, spec_tokens, joined, ptr) in zip(
+        for i, (computed, generated, _, units, held, spec_steps, spec_tokens, joined, ptr, _) in zip(
                 which.tolist(), self.counters[:, which].T.tolist()):
             r = self.reqs[i]
             r.computed, r.generated, r.units, r.units_tokens = computed, generated, units, held
@@ -103,7 +105,8 @@ class DecodeGroup:
         self._bind()
         if self.spec:
             self.draws = self.draws[keep]
-        self.reqs = [r for r, k in zip(self.reqs, keep.tolist()) if k]
+        for i in sorted(which.tolist(), reverse=True):
+            del self.reqs[i]
         if not self.reqs:
             self.times = []
         return out
@@ -199,11 +202,19 @@ class DecodeGroup:
         if steps > width:
             width = max(steps, 2 * width)
             self.draws = np.zeros((self.size, width), np.int64)
-            short = np.arange(self.size)
+            short = range(self.size)
+        elif (self.ptr + steps > self.avail).any():
+            short = np.flatnonzero(self.ptr + steps > self.avail).tolist()
         else:
-            short = np.flatnonzero(self.ptr > width - steps)
-        for i in short.tolist():
+            return
+        self._read(short, width)
+
+    def _read(self, rows: Iterable[int], width: int) -> None:
+        """These members' rows of `draws` from their streams: as many counts as they can use, up to
+        `width` (a verify emits a token at least, so a member needs no more than its tokens left)."""
+        for i in rows:
             stream = self.reqs[i].acceptance
             stream.skip(int(self.ptr[i]))
-            self.draws[i] = stream.ahead(width)
-            self.ptr[i] = 0
+            count = min(width, int(self.output[i] - self.generated[i]))
+            self.draws[i, :count] = stream.ahead(count)
+            self.ptr[i], self.avail[i] = 0, count

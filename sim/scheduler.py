@@ -339,8 +339,10 @@ class Scheduler:
         if plan.group and self.group.size:
             self.group.complete(now)
         if finished:
-            running = Status.RUNNING
-            self.running = [r for r in self.running if r.status is running]
+            running = self.running
+            for req in finished:  # a few a step: remove each (one preempted while its last step ran is not there)
+                if req in running:
+                    running.remove(req)
         if self.group is not None:
             self._join(following)
         return finished
