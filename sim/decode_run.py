@@ -28,7 +28,7 @@ import math
 import numpy as np
 
 from sim.metrics import StepLog
-from sim.scheduler import Scheduler
+from sim.scheduler import Scheduler, StepPlan
 from sim.step_prices import RunPrices, StepPrices
 
 CELLS = 1 << 16  # requests x steps looked ahead at most (the arrays' size)
@@ -44,20 +44,25 @@ class DecodeRuns:
         self.prices = prices
         self.log = log
 
-    def advance(self, now: float, horizon: float) -> float | None:
-        """Run the decode group's steps from the one planned (under async scheduling, the one in
-        flight, which the last step of the run plans again) up to the first one the step loop
-        must take, and return the delay to the last one's end (the engine's timeout); None when
-        not one could run. `horizon`: the time of the next other SimPy event."""
+    def advance(self, plan: StepPlan, now: float, horizon: float) -> float | None:
+        """Run the steps from `plan` (under async scheduling, the one in flight, which the last step
+        of the run plans again) up to the first one the step loop must take, every running request
+        in the decode group (those the plan holds on its own join it), and return the delay to the
+        last one's end (the engine's timeout); None when not one could run. `horizon`: the time
+        of the next other SimPy event."""
         sched, group = self.scheduler, self.group
-        rows, n = group.size, group.n
+        n, own = group.n, plan.tokens
+        rows = len(own) + (group.size if plan.group else 0)
         if rows != len(sched.running):
-            return None  # some running request is planned on its own
-        left = int((group.output - group.generated).min())
+            return None  # some running request is not in the step
+        left = min([r.output - r.generated for r in own] + [int((group.output - group.generated).min())]
+                   if plan.group and group.size else [r.output - r.generated for r in own])
         # The run's steps are at least left // n - 1 (a step emits at most n tokens per request);
         # setting the run up pays for so many request-steps and more.
         if left // n * rows < MIN_REQUEST_STEPS or left <= n:
             return None
+        if own and not sched.join_planned(plan):
+            return None  # some request does not decode steadily
         # Steps looked ahead: past where the closest request is expected to finish (its emitted
         # tokens per step are seldom below 2), the run stops and the next one goes on.
         lookahead = min(left, max(2, CELLS // rows), left if not group.spec else left // 2 + LOOK_PAST)

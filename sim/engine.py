@@ -113,8 +113,8 @@ class Engine:
                 plan = self._plan(env.now)
                 if plan is None:
                     continue  # every running request was preempted; readmit them now
-            if runs is not None and not ran and plan.group and not plan.tokens and not sched.waiting:
-                delay = runs.advance(now=env.now, horizon=env.peek())
+            if runs is not None and not ran and not sched.waiting:
+                delay = runs.advance(plan, env.now, env.peek())
                 if delay is not None:
                     yield env.timeout(delay)
                     ran = True

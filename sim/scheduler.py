@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sim.decode_group import DecodeGroup
+from sim.decode_group import KEEP, DecodeGroup
 from sim.pool import Pool
 from sim.request import Request, Status
 
@@ -215,7 +215,8 @@ class Scheduler:
         serve them all in running order, every member leaves and the step is planned one by one."""
         group = self.group
         self._leave(group.near_their_end(), in_flight)
-        if not group.size:
+        if group.size < KEEP:  # too few to be worth the arrays: planned one by one (a decode run's group)
+            self._leave(np.arange(group.size), in_flight)
             return None
         need, grow = group.growth(self.pool)
         if not group.fits(self.running, need, self.max_tokens, self.pool, self.lookahead):
@@ -348,19 +349,38 @@ class Scheduler:
         return finished
 
     def _join(self, following: StepPlan | None) -> None:
+        """Requests that decode steadily into the group (where it would hold KEEP at least): under
+        async scheduling those `following` plans, the step planned while the last one ran."""
         group = self.group
         if self.async_scheduling:
             if following is None:
                 return
             joining = group.joiners(following.tokens.items(), following.spec, inflight=self.verify_positions)
-            for req in joining:
-                del following.tokens[req]
-                following.spec.discard(req)
-            following.group |= bool(joining)
         else:
             joining = group.joiners(((r, self.verify_positions) for r in self.running if not r.group), None,
                                     inflight=0)
+        if group.size + len(joining) < KEEP:
+            return
+        if self.async_scheduling:
+            self._take_from(following, joining)
         group.join(joining)
+
+    def join_planned(self, plan: StepPlan) -> bool:
+        """Every request `plan` holds on its own into the group, if every one decodes steadily
+        (a decode run's group, however small: the step after the run plans a small one one by one)."""
+        joining = self.group.joiners(plan.tokens.items(), plan.spec, inflight=self.verify_positions)
+        if len(joining) != len(plan.tokens):
+            return False
+        self._take_from(plan, joining)
+        self.group.join(joining)
+        return True
+
+    @staticmethod
+    def _take_from(plan: StepPlan, joining: list[Request]) -> None:
+        for req in joining:
+            del plan.tokens[req]
+            plan.spec.discard(req)
+        plan.group |= bool(joining)
 
     def _finish(self, req: Request) -> None:
         """Free a finished request's blocks.

@@ -85,8 +85,8 @@ def test_group_and_runs_change_no_output(name, monkeypatch):
         joined.append(len(reqs))
         return join(self, reqs)
 
-    def counted_advance(self, now, horizon):
-        delay = advance(self, now, horizon)
+    def counted_advance(self, plan, now, horizon):
+        delay = advance(self, plan, now, horizon)
         ran.append(delay is not None)
         return delay
 
