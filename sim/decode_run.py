@@ -28,7 +28,8 @@ import math
 import numpy as np
 
 from sim.metrics import StepLog
-from sim.scheduler import Scheduler, StepPlan
+from sim.scheduler import Scheduler
+from sim.step_plan import StepPlan
 from sim.step_prices import RunPrices, StepPrices
 
 CELLS = 1 << 16  # requests x steps looked ahead at most (the arrays' size)

@@ -39,7 +39,8 @@ from sim.latency import LatencyModel, StepBatch
 from sim.metrics import StepLog
 from sim.pool import Pool
 from sim.request import Request, Status
-from sim.scheduler import Scheduler, StepPlan
+from sim.scheduler import Scheduler
+from sim.step_plan import StepPlan
 from sim.step_prices import PricedStep, StepPrices
 from sim.step_trace import BatchColumns, BatchTotals, TracedRequest, add_totals, column_totals
 from workloads.base import RequestSpec

@@ -26,42 +26,26 @@ step's outputs are known. The in-flight tokens count as computed (vLLM advances
 in-flight step samples is scheduled another verify on placeholder drafts unless that
 step surely ends it (one more token reaches its output length); a request not
 scheduled in the previous plan has no draft (vLLM drops unused placeholders).
+
+Decode group (sim.decode_group): requests in steady decode are kept as arrays, and a step
+plans them in place, in their running order, as the loop below plans one: n tokens each, the
+members that outgrow their blocks given more. Where the budget or the pool could not serve
+every member in that order, the group empties first and the step is planned one by one.
 """
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from sim.decode_group import KEEP, DecodeGroup
 from sim.pool import Pool
 from sim.request import Request, Status
+from sim.step_plan import StepPlan
 
 REJECT_CONTEXT = "exceeds_context"  # prompt + output longer than the model's max_model_len
 REJECT_POOL = "exceeds_pool"  # the request alone, at full length, needs more than the whole pool
-
-
-@dataclass
-class StepPlan:
-    """One step's schedule, as vLLM's `SchedulerOutput`: the target tokens scheduled per request
-    (its `num_scheduled_tokens`), in scheduling order; the requests that verify a draft (its
-    `scheduled_spec_decode_tokens`: tokens - 1 drafts each); the prompt chunks that stop short
-    of the request's last known token, whose sampled token is discarded (vLLM tells them by
-    `num_computed_tokens < num_tokens` when it processes the outputs); who was preempted and
-    who admitted."""
-
-    tokens: dict[Request, int] = field(default_factory=dict)
-    spec: set[Request] = field(default_factory=set)
-    partial: set[Request] = field(default_factory=set)
-    preempted: list[Request] = field(default_factory=list)
-    admitted: list[Request] = field(default_factory=list)
-    group: bool = False  # every member of the scheduler's decode group is in it too (n tokens each)
-
-    @property
-    def empty(self) -> bool:
-        return not self.tokens and not self.group
 
 
 class Scheduler:
