@@ -117,6 +117,11 @@ class AcceptanceStream:
             self._draw()
         return self._counts[:-steps - 1:-1]
 
+    @property
+    def drawn(self) -> int:
+        """Counts drawn and not used yet (more are drawn, a block at a time, when asked for)."""
+        return len(self._counts)
+
     def skip(self, steps: int) -> None:
         """Use the next `steps` counts (those `ahead` showed)."""
         if len(self._counts) < steps:

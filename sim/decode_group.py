@@ -70,7 +70,6 @@ class DecodeGroup:
         step = len(self.times)
         new = np.array([(r.computed, r.generated, r.output, r.units, r.units_tokens, r.spec_steps, r.spec_tokens,
                          step, 0, 0) for r in reqs], np.int64).T
-        first = self.size
         self.counters = np.concatenate((self.counters, new), axis=1)
         self._bind()
         if self.spec:
@@ -80,8 +79,6 @@ class DecodeGroup:
         for r in reqs:
             r.group = True
         self.reqs.extend(reqs)
-        if self.spec:
-            self._read(range(first, self.size), self.draws.shape[1])
 
     def leave(self, which: np.ndarray, inflight: int) -> list[Request]:
         """Bring the members at indices `which` up to date and out of the group; `inflight`: the
@@ -210,14 +207,14 @@ class DecodeGroup:
             short = np.flatnonzero(self.ptr + steps > self.avail).tolist()
         else:
             return
-        self._read(short, width)
-
-    def _read(self, rows: Iterable[int], width: int) -> None:
-        """These members' rows of `draws` from their streams: as many counts as they can use, up to
-        `width` (a verify emits a token at least, so a member needs no more than its tokens left)."""
-        for i in rows:
+        for i in short:
+            # As many counts as the member can use, up to `width` (a verify emits a token at least,
+            # so it needs no more than its tokens left) and, where its stream holds `steps` drawn
+            # already, no more than those: a member draws no sooner than on its own.
             stream = self.reqs[i].acceptance
             stream.skip(int(self.ptr[i]))
             count = min(width, int(self.output[i] - self.generated[i]))
+            if stream.drawn >= steps:
+                count = min(count, stream.drawn)
             self.draws[i, :count] = stream.ahead(count)
             self.ptr[i], self.avail[i] = 0, count

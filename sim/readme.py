@@ -208,24 +208,20 @@ def step_check(docs: Path) -> str:
 
 
 def speed(docs: Path) -> str:
-    """`make docs`'s run of the simulator benchmark (docs/bench/sim_speed.json): one run per case."""
+    """`make docs`'s run of the simulator benchmark (docs/bench/sim_speed.json), against its targets."""
     path = docs / SPEED
     if not path.is_file():
         raise ConfigError(f"{path}: missing; `make docs` writes it")
     b = json.loads(path.read_text())
-    rows = []
-    for c in b["cases"]:
-        m, t = c["median"], c["targets"]
-        rows.append({"case": c["what"], "wall (s)": f"{m['wall_s']:.2f} (target {t['wall_s']:g})",
-                     "engine loop (s)": "" if m["engine_s"] is None else
-                     f"{m['engine_s']:.3f}" + (f" (target {t['engine_s']:g})" if t["engine_s"] else ""),
-                     "requests/s": f"{m['requests_per_s']:,.0f}",
-                     "request-steps/s": "" if m["request_steps_per_s"] is None else f"{m['request_steps_per_s']:,.0f}",
-                     "peak MB": f"{m['peak_mb']:,.0f}" + (f" (target {t['peak_mb']:g})" if t["peak_mb"] else "")})
-    mach = b["machine"]
-    return (f"`{b['command']}` at commit `{b['commit']}`, {b['date']}, on {mach['cores']} cores of an {mach['cpu']} "
-            f"shared with other jobs (its speed drifts; `--vs` pairs two checkouts run in turn):\n\n"
-            + md_table(pd.DataFrame(rows)))
+
+    def fig(v: float | None, spec: str, target: float | None) -> str:
+        return "" if v is None else format(v, spec) + (f" / {target:g}" if target else "")
+    rows = [{"case": f"`{c['case']}`", "wall (s)": fig(c["median"]["wall_s"], ".2f", c["targets"]["wall_s"]),
+             "engine loop (s)": fig(c["median"]["engine_s"], ".3f", c["targets"]["engine_s"]),
+             "request-steps/s": fig(c["median"]["request_steps_per_s"], ",.0f", None),
+             "peak MB": fig(c["median"]["peak_mb"], ",.0f", c["targets"]["peak_mb"])} for c in b["cases"]]
+    return (f"`{b['command']}` at `{b['commit']}`, {b['date']}, {b['machine']['cores']} cores of an "
+            f"{b['machine']['cpu']} shared with other jobs (measured / target):\n\n" + md_table(pd.DataFrame(rows)))
 
 
 # Each block of the README by name, in the README's order; a section another module adds is one more entry.

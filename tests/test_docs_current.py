@@ -30,6 +30,16 @@ def test_docs_made_from_a_committed_tree(manifest):
     assert git and not git.endswith("+dirty"), f"{manifest.relative_to(DOCS.parent)}: made at {git!r}"
 
 
+SPEED = DOCS / "bench" / "sim_speed.json"  # make docs's run of `specsim bench`
+
+
+def test_docs_speed_made_by_this_code_version_from_a_committed_tree():
+    b = json.loads(SPEED.read_text())
+    assert b["code_version"] == code_version("h200"), (
+        f"docs/bench was made by code version {b['code_version']}, today's is {code_version('h200')}: run `make docs`")
+    assert b["commit"] and not b["commit"].endswith("+dirty"), f"docs/bench: made at {b['commit']!r}"
+
+
 PLAN = DOCS / "plan" / "plan.json"  # specsim plan's worked example (make plan-example)
 
 
