@@ -40,10 +40,11 @@ class DecodeGroup:
         self.spec = verify_positions > 1
         self.sync = sync
         # A member's planned total is its computed tokens plus these (the step in flight's n
-        # count as computed under async scheduling); it leaves when its tokens left reach `margin`:
-        # no step of the group (the one in flight and the one planned, async) can then end it.
+        # count as computed under async scheduling). Each step's outputs come after a planning,
+        # which lets a member go once its tokens left reach `margin`: the next outputs, n tokens
+        # at most, cannot end a member then.
         self.extra = (verify_positions if sync else 2 * verify_positions) + lookahead
-        self.margin = verify_positions if sync else 2 * verify_positions
+        self.margin = verify_positions
         self.states = states
         self.reqs: list[Request] = []
         # The members' counters, a row each (COUNTERS' order; each row is also the attribute of
