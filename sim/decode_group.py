@@ -28,9 +28,10 @@ from sim.request import Request, Status
 from sim.step_trace import BatchTotals
 
 DRAWS = 64  # acceptance counts read ahead per member at a time
-# Members a group needs to be kept from step to step: below, planning each request on its own
-# costs less than the arrays (a decode run still takes every request into the group).
-KEEP = 24
+# Members a group needs to be kept from step to step: the arrays' fixed cost a step (joining,
+# leaving, reading acceptance counts ahead) is that of planning about this many requests one by
+# one; below, each is planned on its own (a decode run still takes every request into the group).
+KEEP = 96
 COUNTERS = ("computed", "generated", "output", "units", "held", "spec_steps", "spec_tokens", "joined", "ptr", "avail")
 
 

@@ -337,10 +337,12 @@ class Scheduler:
         async scheduling those `following` plans, the step planned while the last one ran."""
         group = self.group
         if self.async_scheduling:
-            if following is None:
+            if following is None or group.size + len(following.tokens) < KEEP:
                 return
             joining = group.joiners(following.tokens.items(), following.spec, inflight=self.verify_positions)
         else:
+            if len(self.running) < KEEP:
+                return
             joining = group.joiners(((r, self.verify_positions) for r in self.running if not r.group), None,
                                     inflight=0)
         if group.size + len(joining) < KEEP:

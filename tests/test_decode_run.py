@@ -6,6 +6,7 @@ import copy
 import functools
 import json
 import random
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from policies.replay import ReplayCache, ReplayCaches
 from sim.acceptance import AcceptanceStream
 from sim.budget import served_model
 from sim import run as run_module
+from sim import scheduler as scheduler_module
 from sim.decode_group import DecodeGroup
 from sim.decode_run import DecodeRuns, landing_delay
 from sim.engine import run_engine
@@ -75,9 +77,12 @@ def run(cfg: dict, monkeypatch, group: bool):
             result.steps.usage.tolist())
 
 
+@pytest.mark.parametrize("keep", [2, scheduler_module.KEEP], ids=["keep-2", "keep-default"])
 @pytest.mark.parametrize("name", CASES)
-def test_group_and_runs_change_no_output(name, monkeypatch):
+def test_group_and_runs_change_no_output(name, keep, monkeypatch):
+    # keep-2 keeps a group from step to step at every concurrency, not only at the default's
     cfg = {"workload": "generation-heavy", "num_requests": 120, "seed": 3, **CASES[name]}
+    monkeypatch.setattr(scheduler_module, "KEEP", keep)
     joined, ran = [], []
     join, advance = DecodeGroup.join, DecodeRuns.advance
 
@@ -104,6 +109,7 @@ def test_group_and_runs_change_no_output(name, monkeypatch):
        st.sampled_from([None, 30, 60]), st.sampled_from([None, 1, 3]), st.integers(0, 3))
 def test_group_changes_nothing_in_hand_made_scenarios(lengths, policy, current, blocks, concurrency, seed):
     # A traced run plans every request on its own (no decode group while tracing); an untraced one keeps one.
+    # (a group kept from step to step from two members: these scenarios hold a few requests)
     engine = CURRENT if current else OLD
     kw = dict(policy="store_all" if policy == "none" else policy, mtp_depth=0 if policy == "none" else None,
               num_blocks=blocks, concurrency=concurrency, seed=seed, engine=engine,
@@ -111,10 +117,11 @@ def test_group_changes_nothing_in_hand_made_scenarios(lengths, policy, current, 
     try:
         traced, s1 = scenario(specs(*lengths), **kw)
     except Exception as e:  # a pool too small for the requests: both must refuse alike
-        with pytest.raises(type(e)):
+        with pytest.raises(type(e)), mock.patch.object(scheduler_module, "KEEP", 2):
             scenario(specs(*lengths), trace=False, **kw)
         return
-    plain, s2 = scenario(specs(*lengths), trace=False, **kw)
+    with mock.patch.object(scheduler_module, "KEEP", 2):
+        plain, s2 = scenario(specs(*lengths), trace=False, **kw)
     assert s1 == s2
     assert request_rows(traced.requests) == request_rows(plain.requests)
 
