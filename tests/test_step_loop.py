@@ -1,8 +1,11 @@
 """The step loop's shortcuts give what the plain computation gives: accepted counts drawn in
 blocks, blocks asked for only past what a request holds, dispatch from totals, the per-step
-request count, and what a finished request still holds."""
+request count, what a finished request still holds, and how a run leaves the collector."""
+import gc
+
 import numpy as np
 import pytest
+import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -54,6 +57,30 @@ def test_request_steps_count_every_scheduled_request():
     result, summary = scenario(specs((300, 40), (2000, 25), (50, 60)), engine=CURRENT, concurrency=2)
     assert result.steps.request_steps == sum(len(s.requests) for s in result.steps.traced_steps())
     assert result.steps.request_steps > summary["num_steps"]  # two requests share most steps
+
+
+@pytest.mark.parametrize("collecting", [True, False])
+def test_a_run_freezes_nothing_and_leaves_the_collector_as_it_found_it(collecting, monkeypatch):
+    # Freezing what exists at a run's start froze a sweep worker's earlier runs' garbage with it:
+    # unfrozen into the oldest generation, it waited for full passes that seldom came (a worker
+    # grew by a few hundred MB a grid). The loop runs with the collector resting instead.
+    during = []
+    run = simpy.Environment.run
+
+    def watched(self, *a, **k):
+        during.append((gc.get_freeze_count(), gc.isenabled()))
+        return run(self, *a, **k)
+
+    monkeypatch.setattr(simpy.Environment, "run", watched)
+    was = gc.isenabled()
+    (gc.enable if collecting else gc.disable)()
+    try:
+        scenario(specs((300, 40), (500, 25)), engine=CURRENT, trace=False)
+        after = gc.get_freeze_count(), gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert during == [(0, False)]
+    assert after == (0, collecting)
 
 
 def test_a_finished_request_holds_no_acceptance_stream():
