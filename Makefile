@@ -26,6 +26,7 @@ GPU       ?= h200
 
 help:
 	@echo "make sweep WORKLOAD=sharegpt   main job: grid sweep + figures on the committed calibration"
+	@echo "make figures WORKLOAD=sharegpt redraw a sweep's figures and report.md from its points"
 	@echo "make test                      the CPU test suite, what CI runs (kernels through TRITON_INTERPRET=1)"
 	@echo "make test-slow / test-gpu      long tests / tests that need a CUDA GPU"
 	@echo "make bench-sim [BENCH_VS=DIR]  simulator speed (paired with another checkout); make bench-kernels GPU_PY=python3 on a GPU"

@@ -220,8 +220,8 @@ def speed(docs: Path) -> str:
              "engine loop (s)": fig(c["median"]["engine_s"], ".3f", c["targets"]["engine_s"]),
              "request-steps/s": fig(c["median"]["request_steps_per_s"], ",.0f", None),
              "peak MB": fig(c["median"]["peak_mb"], ",.0f", c["targets"]["peak_mb"])} for c in b["cases"]]
-    return (f"`{b['command']}` at `{b['commit']}`, {b['date']}, {b['machine']['cores']} cores of an "
-            f"{b['machine']['cpu']} shared with other jobs (measured / target):\n\n" + md_table(pd.DataFrame(rows)))
+    return (f"At `{b['commit']}`, {b['date']}, {b['machine']['cores']} shared cores of an {b['machine']['cpu']} "
+            f"([record]({DOCS.name}/{SPEED}); measured / target):\n\n" + md_table(pd.DataFrame(rows)))
 
 
 # Each block of the README by name, in the README's order; a section another module adds is one more entry.
