@@ -23,18 +23,26 @@ Rows list ranks 0..RANK_COLUMNS-1; wider trees than that gain nothing more.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from core.config import ConfigError
+from sim.stream_seeds import Seeded, seed_words
 
 REFERENCE_ACCEPTED_LEN = {(1, 1, 1): 3.24, (3, 3, 3): 3.58}  # docs/design.md#draft-trees, bonus token included
 RANK_COLUMNS = 16  # candidate ranks listed per row of the default distribution
-# Verify steps of uniforms drawn per refill (amortises numpy's call overhead): the first block,
-# then each twice the one before up to the largest, so a long request refills a few times only.
+# Verify steps of uniforms drawn per refill (amortises numpy's call overhead: a draw costs about
+# as much as 150 more steps in it). The first block covers the steps a request of known output
+# length is expected to verify, with a margin (FIRST_BLOCK_MARGIN), or UNIFORM_BLOCK steps where
+# the length is not known; each later one twice the one before up to the largest, so a long
+# request refills a few times only.
 UNIFORM_BLOCK = 64
 UNIFORM_BLOCK_MAX = 1024
+FIRST_BLOCK_MARGIN = 1.25
+SEED_BLOCK = 1024  # request ids whose streams' seeds are worked out together (sim.stream_seeds)
+SEED_BLOCKS_KEPT = 4
 ALL_DRAFTS = 1 << 30  # accepted_drafts' cap when every draft was verified
 
 
@@ -92,14 +100,19 @@ class AcceptanceStream:
     changes only how the stream is read, never its values). `ahead` shows the counts to come
     without using them (sim.decode_run plans several steps from them), `skip` uses them."""
 
-    __slots__ = ("_rng", "_counts", "_block_steps", "thresholds", "depth")
+    __slots__ = ("_rng", "_counts", "_block_steps", "_accept", "thresholds", "depth")
 
-    def __init__(self, seed: int, request_id: int, thresholds: tuple[float, ...]) -> None:
-        self._rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, request_id])))
+    def __init__(self, seed: int, request_id: int, thresholds: tuple[float, ...], *,
+                 words: np.ndarray | None = None, first_steps: int = UNIFORM_BLOCK) -> None:
+        """`words`: the seed words of (seed, request_id) where worked out already (sim.stream_seeds);
+        `first_steps`: the verify steps the first block draws."""
+        seq = np.random.SeedSequence([seed, request_id]) if words is None else Seeded(words)
+        self._rng = np.random.Generator(np.random.PCG64(seq))
         self.thresholds = thresholds
         self.depth = len(thresholds)
+        self._accept = np.array(thresholds)
         self._counts: list[int] = []  # the counts drawn and not used yet, the next one last
-        self._block_steps = UNIFORM_BLOCK
+        self._block_steps = first_steps
 
     def accepted_drafts(self, drafts: int = ALL_DRAFTS) -> int:
         """Drafts accepted along the tree's best path this verify step (0..D), of the first
@@ -131,13 +144,15 @@ class AcceptanceStream:
 
     def _draw(self) -> None:
         """One more block of counts, after those drawn before."""
-        # Depth d is accepted iff its uniform is below P(rank < w_d) and every depth before it was:
-        # the count of leading accepts in each row of D uniforms.
         steps = self._block_steps
         self._block_steps = min(2 * steps, UNIFORM_BLOCK_MAX)
-        u = self._rng.random(self.depth * steps).reshape(steps, self.depth)
-        accept = u < np.asarray(self.thresholds)
-        self._counts[:0] = np.logical_and.accumulate(accept, axis=1).sum(axis=1)[::-1].tolist()
+        depth = self.depth
+        accept = np.empty((steps, depth + 1), bool)
+        np.less(self._rng.random((steps, depth)), self._accept, out=accept[:, :depth])
+        # A row accepts through the depth before its first miss; a miss after the last depth
+        # ends every row, so a row that accepts every depth counts D.
+        accept[:, depth] = False
+        self._counts[:0] = accept.argmin(axis=1)[::-1].tolist()
 
 
 class AcceptanceModel:
@@ -154,12 +169,33 @@ class AcceptanceModel:
         self._default = accept_thresholds(default, self.widths)
         self._by_category = {cat: accept_thresholds(r, self.widths) for cat, r in rows.items()}
         self.source = "workload" if rows else "built-in default"
+        self._seed_blocks: dict[int, np.ndarray] = {}  # by request id // SEED_BLOCK, oldest first
 
     def thresholds(self, category: str) -> tuple[float, ...]:
         return self._by_category.get(category, self._default)
 
-    def stream(self, request_id: int, category: str = "") -> AcceptanceStream:
-        return AcceptanceStream(self.seed, request_id, self.thresholds(category))
+    def stream(self, request_id: int, category: str = "", output_tokens: int | None = None) -> AcceptanceStream:
+        """The request's stream; `output_tokens`, where known, sizes its first block of draws."""
+        thresholds = self.thresholds(category)
+        first = UNIFORM_BLOCK
+        if output_tokens is not None:
+            expected = output_tokens / expected_accepted_len(thresholds) * FIRST_BLOCK_MARGIN
+            first = max(1, min(math.ceil(expected), UNIFORM_BLOCK_MAX))
+        return AcceptanceStream(self.seed, request_id, thresholds, words=self._seed_words(request_id),
+                                first_steps=first)
+
+    def _seed_words(self, request_id: int) -> np.ndarray | None:
+        """The seed words of the request's stream, worked out for its SEED_BLOCK of ids at once
+        (None outside what sim.stream_seeds covers: numpy's SeedSequence then seeds it, or says why not)."""
+        block = request_id // SEED_BLOCK
+        words = self._seed_blocks.get(block)
+        if words is None:
+            if not 0 <= request_id < 1 << 64:
+                return None
+            words = self._seed_blocks[block] = seed_words(self.seed, block * SEED_BLOCK, SEED_BLOCK)
+            if len(self._seed_blocks) > SEED_BLOCKS_KEPT:
+                del self._seed_blocks[next(iter(self._seed_blocks))]
+        return words[request_id - block * SEED_BLOCK]
 
     def expected_len(self, category: str = "") -> float:
         return expected_accepted_len(self.thresholds(category))

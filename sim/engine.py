@@ -90,7 +90,7 @@ class Engine:
             return False
         # Its acceptance stream and the policy's bookkeeping live while it is in the engine.
         if self.acceptance is not None:
-            req.acceptance = self.acceptance.stream(req.rid, req.category)
+            req.acceptance = self.acceptance.stream(req.rid, req.category, req.output)
         req.commit_state = self.policy.request_state()
         self.scheduler.add(req, self.env.now)
         if self._wake is not None and not self._wake.triggered:

@@ -115,6 +115,14 @@ MUTATIONS = (
              "    if need <= pool.capacity:\n        return",
              "    if True:\n        return",
              ("tests/test_bad_input.py", "-k", "no_request_can_fit or longest_fit or max_model_len")),
+    Mutation("stream-seed-hash", "the streams' seeds hashed with another constant than SeedSequence's",
+             "INIT_B, MULT_B = 0x8B51F9DD, 0x58F38DED",
+             "INIT_B, MULT_B = 0x8B51F9DD, 0x58F38DEE",
+             ("tests/test_stream_seeds.py",)),
+    Mutation("accept-all-depths-lost", "a verify that accepts every depth counted as accepting none",
+             "        accept[:, depth] = False",
+             "        accept[:, depth] = True",
+             ("tests/test_engine_acceptance.py", "-k", "reference or d_uniforms")),
 )
 
 
