@@ -98,9 +98,9 @@ class AcceptanceStream:
     """One request's seeded uniforms, consumed D per verify step; the accepted counts of
     a block of verify steps are worked out at once from each block of uniforms (a block's size
     changes only how the stream is read, never its values). `ahead` shows the counts to come
-    without using them (sim.decode_run plans several steps from them), `skip` uses them."""
+    without using them (the decode group and sim.decode_run read them as arrays), `skip` uses them."""
 
-    __slots__ = ("_rng", "_counts", "_block_steps", "_accept", "thresholds", "depth")
+    __slots__ = ("_rng", "_counts", "_listed", "_next", "_block_steps", "_accept", "thresholds", "depth")
 
     def __init__(self, seed: int, request_id: int, thresholds: tuple[float, ...], *,
                  words: np.ndarray | None = None, first_steps: int = UNIFORM_BLOCK) -> None:
@@ -111,39 +111,43 @@ class AcceptanceStream:
         self.thresholds = thresholds
         self.depth = len(thresholds)
         self._accept = np.array(thresholds)
-        self._counts: list[int] = []  # the counts drawn and not used yet, the next one last
+        # The counts drawn, the next one at `_next`: as an array (read ahead a block at a time)
+        # and as a list (read one at a time).
+        self._counts = np.zeros(0, np.int64)
+        self._listed: list[int] = []
+        self._next = 0
         self._block_steps = first_steps
 
     def accepted_drafts(self, drafts: int = ALL_DRAFTS) -> int:
         """Drafts accepted along the tree's best path this verify step (0..D), of the first
         `drafts` verified (a chain cut to the token budget verifies fewer)."""
-        try:
-            a = self._counts.pop()
-        except IndexError:
+        i = self._next
+        if i == len(self._listed):
             self._draw()
-            a = self._counts.pop()
+            i = 0
+        self._next = i + 1
+        a = self._listed[i]
         return a if a < drafts else drafts
 
-    def ahead(self, steps: int) -> list[int]:
+    def ahead(self, steps: int) -> np.ndarray:
         """The accepted counts of the next `steps` verify steps, left unused."""
-        while len(self._counts) < steps:
+        while self.drawn < steps:
             self._draw()
-        return self._counts[:-steps - 1:-1]
+        return self._counts[self._next:self._next + steps]
 
     @property
     def drawn(self) -> int:
         """Counts drawn and not used yet (more are drawn, a block at a time, when asked for)."""
-        return len(self._counts)
+        return len(self._listed) - self._next
 
     def skip(self, steps: int) -> None:
         """Use the next `steps` counts (those `ahead` showed)."""
-        if len(self._counts) < steps:
-            raise ValueError(f"skip({steps}): only {len(self._counts)} counts drawn ahead")
-        if steps:
-            del self._counts[-steps:]
+        if self.drawn < steps:
+            raise ValueError(f"skip({steps}): only {self.drawn} counts drawn ahead")
+        self._next += steps
 
     def _draw(self) -> None:
-        """One more block of counts, after those drawn before."""
+        """One more block of counts, after those drawn and not used."""
         steps = self._block_steps
         self._block_steps = min(2 * steps, UNIFORM_BLOCK_MAX)
         depth = self.depth
@@ -152,7 +156,10 @@ class AcceptanceStream:
         # A row accepts through the depth before its first miss; a miss after the last depth
         # ends every row, so a row that accepts every depth counts D.
         accept[:, depth] = False
-        self._counts[:0] = accept.argmin(axis=1)[::-1].tolist()
+        counts = accept.argmin(axis=1)
+        if self.drawn:
+            counts = np.concatenate((self._counts[self._next:], counts))
+        self._counts, self._listed, self._next = counts, counts.tolist(), 0
 
 
 class AcceptanceModel:

@@ -204,19 +204,24 @@ class DecodeGroup:
         if steps > width:
             width = max(steps, 2 * width)
             self.draws = np.zeros((self.size, width), np.int64)
-            short = range(self.size)
-        elif (self.ptr + steps > self.avail).any():
-            short = np.flatnonzero(self.ptr + steps > self.avail).tolist()
+            short = np.arange(self.size)
         else:
-            return
-        for i in short:
+            short = np.flatnonzero(self.ptr + steps > self.avail)
+            if not short.size:
+                return
+        draws, reqs, counts = self.draws, self.reqs, []
+        for i, ptr, left in zip(short.tolist(), self.ptr[short].tolist(),
+                                (self.output[short] - self.generated[short]).tolist()):
             # As many counts as the member can use, up to `width` (a verify emits a token at least,
             # so it needs no more than its tokens left) and, where its stream holds `steps` drawn
             # already, no more than those: a member draws no sooner than on its own.
-            stream = self.reqs[i].acceptance
-            stream.skip(int(self.ptr[i]))
-            count = min(width, int(self.output[i] - self.generated[i]))
-            if stream.drawn >= steps:
-                count = min(count, stream.drawn)
-            self.draws[i, :count] = stream.ahead(count)
-            self.ptr[i], self.avail[i] = 0, count
+            stream = reqs[i].acceptance
+            stream.skip(ptr)
+            count = min(width, left)
+            drawn = stream.drawn
+            if drawn >= steps and drawn < count:
+                count = drawn
+            draws[i, :count] = stream.ahead(count)
+            counts.append(count)
+        self.ptr[short] = 0
+        self.avail[short] = counts

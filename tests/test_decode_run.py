@@ -132,11 +132,14 @@ def test_acceptance_stream_ahead_then_skip_reads_the_same_counts():
     rng = random.Random(1)
     for _ in range(60):
         k = rng.randint(1, 700)
-        ahead = two.ahead(k)
-        assert two.ahead(k) == ahead  # looking does not use them
+        ahead = two.ahead(k).tolist()
+        assert two.ahead(k).tolist() == ahead  # looking does not use them
         taken = rng.randint(0, k)
         two.skip(taken)
         assert [one.accepted_drafts() for _ in range(taken)] == ahead[:taken]
+        # read one at a time in between, across the blocks' ends
+        single = rng.randint(0, 90)
+        assert [two.accepted_drafts() for _ in range(single)] == [one.accepted_drafts() for _ in range(single)]
     with pytest.raises(ValueError):
         AcceptanceStream(5, 9, (0.8,)).skip(1)
 
