@@ -84,7 +84,7 @@ def prepare_steps(rows: Sequence[dict], runs: dict, hw_name: str) -> list[tuple[
         by_step = {s.step: s for s in run.steps}
         for r in rows:
             if r["run"] == name and int(r["step"]) in by_step:
-                us, ops, prep, fin, cores, _ = lat.pipeline_parts(batch_of(by_step[int(r["step"])], run.model, pol,
+                us, ops, prep, fin, cores = lat.pipeline_parts(batch_of(by_step[int(r["step"])], run.model, pol,
                                                                            run.engine))
                 out.append((r, (sum(us.values()), ops, prep, fin, cores, lat.async_scheduling)))
     return out

@@ -169,22 +169,20 @@ class PipelineOp(NamedTuple):
 
 
 def pipeline(ops: Sequence[PipelineOp], prepare_us: float, finish_us: float,
-             async_scheduling: bool = False, cores: Sequence[float] = (0.0,), host_total_us: float | None = None) -> float:
-    """Step time (us) of ops issued in order; see the module doc. `host_total_us`, the sum
-    of the host costs, may be passed precomputed (async scheduling needs it)."""
+             async_scheduling: bool = False, cores: Sequence[float] = (0.0,)) -> float:
+    """Step time (us) of ops issued in order; see the module doc."""
     h = 0.0 if async_scheduling else prepare_us
     gpu = 0.0
     for host, g, c, k in ops:
         h += host
         gpu = (h if h > gpu else gpu) + g + (k * cores[c] if k else 0.0)
-    if async_scheduling:
-        total = sum(op[0] for op in ops) if host_total_us is None else host_total_us
-        return max(gpu, prepare_us + total + finish_us)
+    if async_scheduling:  # h is then the ops' host costs summed
+        return max(gpu, prepare_us + h + finish_us)
     return max(h, gpu) + finish_us
 
 
 def pipeline_many(ops: Sequence[PipelineOp], prepare_us: float, finish_us: float, async_scheduling: bool,
-                  cores: Sequence[np.ndarray], host_total_us: float) -> np.ndarray:
+                  cores: Sequence[np.ndarray]) -> np.ndarray:
     """`pipeline` of several steps that differ only in their attention cores (one array per core,
     one entry per step): the same floats, worked out over the arrays."""
     h = 0.0 if async_scheduling else prepare_us
@@ -195,5 +193,5 @@ def pipeline_many(ops: Sequence[PipelineOp], prepare_us: float, finish_us: float
         if k:
             gpu = gpu + k * cores[c]
     if async_scheduling:
-        return np.maximum(gpu, prepare_us + host_total_us + finish_us)
+        return np.maximum(gpu, prepare_us + h + finish_us)
     return np.maximum(h, gpu) + finish_us

@@ -24,7 +24,6 @@ step_finish and launch stalls), so the terms still sum to the step time.
 """
 from __future__ import annotations
 
-from operator import itemgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -45,7 +44,6 @@ class PipelineParts(NamedTuple):
     prepare_us: float
     finish_us: float
     cores_us: list[float]  # the attention cores the ops refer to (PipelineOp.core)
-    host_total_us: float  # the ops' host costs summed
 
 
 class CorePart(NamedTuple):
@@ -60,7 +58,6 @@ class ShapeParts(NamedTuple):
 
     terms_us: dict[str, float]  # context-free GPU us per term
     ops: list[PipelineOp]
-    host_total_us: float
     prepare_us: float
     finish_us: float
     # The attention cores, as curves over the contexts: the target's (and the first drafter
@@ -88,8 +85,8 @@ class PipelinePricing:
         self._replay_priced = not ("verify" in lat.kernels and "commit" in lat.kernels)
 
     def step_time(self, b: StepBatch) -> StepTime:
-        us, ops, prepare, finish, cores, host_total = self.parts(b)
-        total = pipeline(ops, prepare, finish, self.lat.async_scheduling, cores, host_total)
+        us, ops, prepare, finish, cores = self.parts(b)
+        total = pipeline(ops, prepare, finish, self.lat.async_scheduling, cores)
         us["overhead"] = max(0.0, total - sum(us.values()))
         return StepTime({t: us[t] * US for t in TERMS}, b.graph_mode)
 
@@ -114,7 +111,7 @@ class PipelinePricing:
         us["attention"] += self._attn_layers * core
         if b.draft_depth:
             us["drafter"] += sum(cores)
-        return PipelineParts(us, built.ops, built.prepare_us, built.finish_us, cores, built.host_total_us)
+        return PipelineParts(us, built.ops, built.prepare_us, built.finish_us, cores)
 
     def step_times(self, b: StepBatch, contexts: np.ndarray, replay_tokens: np.ndarray | None = None) -> StepTimes:
         """`step_time` of steps that are the decode batch `b` (no prefill chunk) but for their
@@ -143,8 +140,7 @@ class PipelinePricing:
         us["attention"] = us["attention"] + self._attn_layers * core
         if b.draft_depth:
             us["drafter"] = us["drafter"] + sum(cores)
-        total = pipeline_many(built.ops, built.prepare_us, built.finish_us, self.lat.async_scheduling, cores,
-                              built.host_total_us)
+        total = pipeline_many(built.ops, built.prepare_us, built.finish_us, self.lat.async_scheduling, cores)
         over = total - sum(us.values())
         us["overhead"] = np.where(over > 0.0, over, 0.0)
         return StepTimes.of({t: us[t] * US for t in TERMS}, len(contexts), b.graph_mode)
@@ -230,7 +226,7 @@ class PipelinePricing:
         ops.append(PipelineOp(host.us("sample", rows), lm, 0, 0))
         ops += [PipelineOp(host.us("drafter_pass", t), gpu + 2 * lat.allreduce_s(t) / US, i, 1)
                 for i, (t, gpu) in enumerate(passes)]
-        return ShapeParts(us, ops, sum(map(itemgetter(0), ops)), host.us("step_prepare", R), host.us("step_finish", R),
+        return ShapeParts(us, ops, host.us("step_prepare", R), host.us("step_finish", R),
                           self._decode_core(B, b.decode_tokens) if B else None,
                           tuple([self._chunk_core(t) for t, _ in b.chunks]),
                           tuple([self._decode_core(R, R * w) for w in widths]))
