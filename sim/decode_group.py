@@ -213,14 +213,15 @@ class DecodeGroup:
         for i, ptr, left in zip(short.tolist(), self.ptr[short].tolist(),
                                 (self.output[short] - self.generated[short]).tolist()):
             # As many counts as the member can use, up to `width` (a verify emits a token at least,
-            # so it needs no more than its tokens left) and, where its stream holds `steps` drawn
-            # already, no more than those: a member draws no sooner than on its own.
+            # so it needs no more than its tokens left), of those its stream has drawn once it holds
+            # `steps`: a member draws no sooner than on its own.
             stream = reqs[i].acceptance
             stream.skip(ptr)
-            count = min(width, left)
             drawn = stream.drawn
-            if drawn >= steps and drawn < count:
-                count = drawn
+            if drawn < steps:
+                stream.ahead(steps)
+                drawn = stream.drawn
+            count = min(width, left, drawn)
             draws[i, :count] = stream.ahead(count)
             counts.append(count)
         self.ptr[short] = 0
