@@ -19,7 +19,7 @@ import math
 from bisect import bisect_right
 from collections import Counter
 from itertools import product
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -72,14 +72,25 @@ class GridInterpolator:
         # Hot path (called ~10 times per simulated step): plain Python, no numpy scalars.
         if len(x) != self._ndim:
             raise TypeError(f"{self.name}: expected {self._ndim} coordinates {self.axis_names}, got {len(x)}")
+        log_c, lin_c, scale, outside = self._corners(x)
+        for side in outside:
+            self.out_of_grid[side] += 1
+        return self._combine([(o, cw) for o, cw in log_c if cw], lin_c, 0) * scale
+
+    def _corners(self, x: Sequence[float]) -> tuple[list[tuple[int, float]], list[tuple[int, float]], float, list[str]]:
+        """The grid corners around `x` (its leading axes, where x is shorter) and their weights, over
+        the log axes and over the linear ones, as (flat offset, weight); the out-of-grid factor; the
+        out-of-grid sides met (for the caller to count)."""
         scale = 1.0
-        log_c: list[tuple[int, float]] = [(0, 1.0)]  # (flat offset, weight) over log axes
-        lin_c: list[tuple[int, float]] = [(0, 1.0)]  # over linear axes
-        for d in range(self._ndim):
+        log_c: list[tuple[int, float]] = [(0, 1.0)]
+        lin_c: list[tuple[int, float]] = [(0, 1.0)]
+        outside = []
+        for d in range(len(x)):
             xd, ax = x[d], self.axes[d]
             if xd < ax[0] or xd > ax[-1]:
-                xd, f = self._outside(d, xd)
+                xd, f, side = self._clamp(d, xd)
                 scale *= f
+                outside.append(side)
             t = self._t[d]
             if len(t) == 1:
                 continue
@@ -92,14 +103,34 @@ class GridInterpolator:
             lo, hi = i * self._strides[d], (i + 1) * self._strides[d]
             c = log_c if is_log else lin_c
             c[:] = [(o + lo, cw * (1.0 - w)) for o, cw in c] + [(o + hi, cw * w) for o, cw in c]
-        # log axes: log(time) multilinear; linear axes: time itself, linear between those.
+        return log_c, lin_c, scale, outside
+
+    def _combine(self, log_c: list[tuple[int, float]], lin_c: list[tuple[int, float]], shift: int) -> float:
+        """log(time) multilinear over the log corners (zero weights left out), time linear over
+        the linear ones; every flat offset moved by `shift`."""
         logv = self._logv
-        log_c = [(o, cw) for o, cw in log_c if cw]
         acc = 0.0
         for base, wl in lin_c:
             if wl:
+                base += shift
                 acc += wl * math.exp(sum([cw * logv[base + o] for o, cw in log_c]))
-        return acc * scale
+        return acc
+
+    def slice_at(self, prefix: tuple[float, ...]) -> "GridSlice":
+        """The corners of the leading coordinates `prefix` (all axes but the last), so that the
+        values at the last axis's grid points are read without working them out again."""
+        if len(prefix) != self._ndim - 1:
+            raise TypeError(f"{self.name}: a slice takes {self._ndim - 1} leading coordinates, got {len(prefix)}")
+        log_c, lin_c, scale, outside = self._corners(prefix)
+        return GridSlice([(o, cw) for o, cw in log_c if cw], lin_c, scale, tuple(outside))
+
+    def slice_value(self, s: "GridSlice", j: int) -> float:
+        """The grid at (*prefix, its last axis's j-th point): the float `self(*prefix, axes[-1][j])`
+        gives (that point is a corner of weight 1 and its neighbour's weight is 0, so the
+        neighbour drops out; along the last axis a flat offset moves by j), counted as one query."""
+        for side in s.outside:
+            self.out_of_grid[side] += 1
+        return self._combine(s.log_corners, s.lin_corners, j) * s.scale
 
     def partial(self, *prefix: float) -> Curve1D:
         """The curve along the last axis at these leading coordinates (memoised)."""
@@ -111,15 +142,30 @@ class GridInterpolator:
         return c
 
     def _outside(self, d: int, xd: float) -> tuple[float, float]:
-        """The in-grid coordinate to evaluate at, and the factor to apply (see module doc)."""
+        """The in-grid coordinate to evaluate at, and the factor to apply (see module doc); counted."""
+        x, f, side = self._clamp(d, xd)
+        self.out_of_grid[side] += 1
+        return x, f
+
+    def _clamp(self, d: int, xd: float) -> tuple[float, float, str]:
+        """`_outside`'s coordinate and factor, and the side it counts, uncounted."""
         ax = self.axes[d]
         side = "low" if xd < ax[0] else "high"
         if not self.extrapolate:
             raise OutOfGridError(
                 f"{self.name}: {self.axis_names[d]}={xd:g} is outside the measured grid "
                 f"[{ax[0]:g}, {ax[-1]:g}]; extend the calibration grid or allow extrapolation")
-        self.out_of_grid[f"{self.axis_names[d]}_{side}"] += 1
-        return (ax[0], 1.0) if side == "low" else (ax[-1], xd / ax[-1])
+        key = f"{self.axis_names[d]}_{side}"
+        return (ax[0], 1.0, key) if side == "low" else (ax[-1], xd / ax[-1], key)
+
+
+class GridSlice(NamedTuple):
+    """GridInterpolator.slice_at's corners of a slice's leading coordinates."""
+
+    log_corners: list[tuple[int, float]]  # (flat offset, weight), zero weights left out
+    lin_corners: list[tuple[int, float]]
+    scale: float  # the out-of-grid factor of the leading coordinates
+    outside: tuple[str, ...]  # the out-of-grid sides they meet, counted once per value read
 
 
 class Curve1D:
@@ -147,11 +193,14 @@ class Curve1D:
                                       [math.log(v) if self.is_log else v for v in values])
         self.memo: dict[float, float] = {}
         self._arrays: tuple[np.ndarray, np.ndarray] | None = None  # the axis and every value, for `many`
+        self._slice: GridSlice | None = None  # the prefix's corners, once a value is read
 
     def _value(self, j: int) -> float:
         v = self.v[j]
         if v is None:
-            y = self.parent(*self.prefix, self.ax[j])
+            if self._slice is None:
+                self._slice = self.parent.slice_at(self.prefix)
+            y = self.parent.slice_value(self._slice, j)
             v = self.v[j] = math.log(y) if self.is_log else y
         return v
 
