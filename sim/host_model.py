@@ -175,7 +175,9 @@ def pipeline(ops: Sequence[PipelineOp], prepare_us: float, finish_us: float,
     gpu = 0.0
     for host, g, c, k in ops:
         h += host
-        gpu = (h if h > gpu else gpu) + g + (k * cores[c] if k else 0.0)
+        gpu = (h if h > gpu else gpu) + g
+        if k:
+            gpu += k * cores[c]
     if async_scheduling:  # h is then the ops' host costs summed
         return max(gpu, prepare_us + h + finish_us)
     return max(h, gpu) + finish_us
