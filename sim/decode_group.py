@@ -147,14 +147,14 @@ class DecodeGroup:
 
     def near_their_end(self) -> np.ndarray:
         """The members a step of the group could end: `margin` tokens or fewer left."""
-        return np.flatnonzero(self.output - self.generated <= self.margin)
+        return (self.output - self.generated <= self.margin).nonzero()[0]
 
     # ------------------------------------------------------------------ one step
     def growth(self, pool: Pool) -> tuple[int, list[tuple[int, int]]]:
         """The units the members ask for at this planning (their planned totals past what their
         blocks hold), and which grow to how many units."""
         planned = self.computed + self.extra
-        grow = [(i, pool.units_for(int(planned[i]))) for i in np.flatnonzero(planned > self.held).tolist()]
+        grow = [(i, pool.units_for(int(planned[i]))) for i in (planned > self.held).nonzero()[0].tolist()]
         return sum(units - int(self.units[i]) for i, units in grow), grow
 
     def grow(self, pool: Pool, grow: list[tuple[int, int]]) -> None:
@@ -206,7 +206,7 @@ class DecodeGroup:
             self.draws = np.zeros((self.size, width), np.int64)
             short = np.arange(self.size)
         else:
-            short = np.flatnonzero(self.ptr + steps > self.avail)
+            short = (self.ptr + steps > self.avail).nonzero()[0]
             if not short.size:
                 return
         draws, reqs, counts = self.draws, self.reqs, []
