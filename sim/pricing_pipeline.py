@@ -68,6 +68,17 @@ class ShapeParts(NamedTuple):
     later_cores: tuple[CorePart, ...]
 
 
+class DrafterPass(NamedTuple):
+    """One MTP pass of a step: its tokens, its GPU time without the attention core, its all-reduces."""
+
+    tokens: int
+    gpu_us: float
+    allreduce_us: float
+
+
+EAGER_DENSE = {"gdn": "eager_dense_gdn", "attn": "eager_dense_attn"}  # host ops launching each layer's dense part
+
+
 class PipelinePricing:
     def __init__(self, lat: CalibratedParts) -> None:
         self.lat = lat
@@ -76,7 +87,7 @@ class PipelinePricing:
         # parts are kept by what each depends on: the dense parts by token count (at most
         # max_num_batched_tokens entries), the drafter passes by tokens, requests and depth.
         self._dense: dict[int, tuple[float, float, float, float]] = {}
-        self._drafter: dict[tuple[int, int, int], tuple[list[tuple[int, float]], tuple[int, ...]]] = {}
+        self._drafter: dict[tuple[int, int, int], tuple[list[DrafterPass], tuple[int, ...]]] = {}
         self._drafter_pass: dict[tuple[int, int], float] = {}
         self._cores: dict[int | tuple[int, int], CorePart] = {}  # by chunk tokens, or (requests, tokens) of a decode
         self._attn_layers = lat.model.attn_layers  # asked every step; the model does not change
@@ -190,8 +201,8 @@ class PipelinePricing:
         us["attention"] = m.attn_layers * attn_dense  # + the cores, per step
         us["moe"] = m.num_layers * moe
         us["lm_head"] = lm
-        us["allreduce"] = m.num_layers * ar + sum(2 * lat.allreduce_s(t) / US for t, _ in passes)
-        us["drafter"] = sum(gpu for _, gpu in passes)  # + the cores, per step
+        us["allreduce"] = m.num_layers * ar + sum([p.allreduce_us for p in passes])
+        us["drafter"] = sum([p.gpu_us for p in passes])  # + the cores, per step
 
         ops: list[PipelineOp] = []
         if mode == "full":
@@ -207,25 +218,20 @@ class PipelinePricing:
             if P:
                 core["gdn"].append(PipelineOp(host.us("gdn_prefill", P), prefill, 0, 0))
             dense = {"gdn": gdn_dense, "attn": attn_dense}
-            period: list[PipelineOp] = []
+            # Each kind of layer's ops, built once and repeated through the layers
             if mode == "piecewise":
                 piece = host.us("piece_graph", N)
-                for kind in lat.layer_pattern:
-                    period.append(PipelineOp(piece, dense[kind] + moe + ar, 0, 0))
-                    period += core[kind]
-                ops += period * lat.layer_repeats
-                ops.append(PipelineOp(piece, 0.0, 0, 0))  # final norm: the last piece
+                layer = {kind: [PipelineOp(piece, dense[kind] + moe + ar, 0, 0), *cores] for kind, cores in core.items()}
+                last = [PipelineOp(piece, 0.0, 0, 0)]  # final norm: the last piece
             else:
-                issue = {"gdn": host.us("eager_dense_gdn", n), "attn": host.us("eager_dense_attn", n)}
-                moe_issue = host.us("eager_moe", n)
-                for kind in lat.layer_pattern:
-                    period.append(PipelineOp(issue[kind], dense[kind] + ar / 2, 0, 0))
-                    period += core[kind]
-                    period.append(PipelineOp(moe_issue, moe + ar / 2, 0, 0))
-                ops += period * lat.layer_repeats
+                moe_op = PipelineOp(host.us("eager_moe", n), moe + ar / 2, 0, 0)
+                layer = {kind: [PipelineOp(host.us(EAGER_DENSE[kind], n), dense[kind] + ar / 2, 0, 0), *cores, moe_op]
+                         for kind, cores in core.items()}
+                last = []
+            ops = [op for kind in lat.layer_pattern for op in layer[kind]] * lat.layer_repeats + last
         ops.append(PipelineOp(host.us("sample", rows), lm, 0, 0))
-        ops += [PipelineOp(host.us("drafter_pass", t), gpu + 2 * lat.allreduce_s(t) / US, i, 1)
-                for i, (t, gpu) in enumerate(passes)]
+        ops += [PipelineOp(host.us("drafter_pass", p.tokens), p.gpu_us + p.allreduce_us, i, 1)
+                for i, p in enumerate(passes)]
         return ShapeParts(us, ops, host.us("step_prepare", R), host.us("step_finish", R),
                           self._decode_core(B, b.decode_tokens) if B else None,
                           tuple([self._chunk_core(t) for t, _ in b.chunks]),
@@ -279,15 +285,16 @@ class PipelinePricing:
             return lat.derived_factor(0.0) * lat.curve_us("gdn_prefill", "graph", chunked)
         return lat.analytic_prefill_recurrence_s(b.prefill_tokens) / US / lat.model.gdn_layers
 
-    def _drafter_passes(self, b: StepBatch, tokens: int) -> tuple[list[tuple[int, float]], tuple[int, ...]]:
-        """(tokens, GPU us without the attention core) of each MTP pass: all target tokens first,
-        then R x width per depth; and the widths of the later passes (their cores are priced per step)."""
+    def _drafter_passes(self, b: StepBatch, tokens: int) -> tuple[list[DrafterPass], tuple[int, ...]]:
+        """Each MTP pass: all target tokens first, then R x width per depth; and the widths of the
+        later passes (their cores are priced per step)."""
         if not b.draft_depth:
             return [], ()
-        widths = self.lat.tree.later_pass_widths(b.draft_depth)
+        lat = self.lat
+        widths = lat.tree.later_pass_widths(b.draft_depth)
         passes = [(tokens, self._drafter_pass_us(tokens, b.num_seqs))]
         passes += [(b.num_seqs * w, self._drafter_pass_us(b.num_seqs * w, b.num_seqs * w)) for w in widths]
-        return passes, widths
+        return [DrafterPass(t, gpu, 2 * lat.allreduce_s(t) / US) for t, gpu in passes], widths
 
     def _drafter_pass_us(self, tokens: int, rows: int) -> float:
         """One MTP pass over `tokens` with `rows` logits rows, its attention core left out (memoised:
