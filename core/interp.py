@@ -219,8 +219,12 @@ class Curve1D:
             xt = math.log(xd) if self.is_log else xd
             i = min(bisect_right(t, xt) - 1, len(t) - 2)
             w = (xt - t[i]) / (t[i + 1] - t[i])
-            lo = self._value(i)
-            y = lo + (self._value(i + 1) - lo) * w
+            lo, hi = self.v[i], self.v[i + 1]  # read from the parent on first need
+            if lo is None:
+                lo = self._value(i)
+            if hi is None:
+                hi = self._value(i + 1)
+            y = lo + (hi - lo) * w
             y = math.exp(y) if self.is_log else y
         y *= scale
         if len(self.memo) < self.MEMO:
