@@ -48,17 +48,18 @@ class DecodeGroup:
         self.margin = verify_positions
         self.states = states
         self.reqs: list[Request] = []
-        # The members' counters, a row each (COUNTERS' order; each row is also the attribute of
-        # its name): joining and leaving move one array. `joined`: a member's first step in
-        # `times`; `ptr`, `avail`: its next count in its row of `draws`, and how many the row holds.
-        self.counters = np.zeros((len(COUNTERS), 0), np.int64)
+        # A row per member: its counters (COUNTERS' order; each column is also the attribute of
+        # its name), then the acceptance counts read ahead (`draws`, where the run speculates):
+        # joining and leaving move one array. `joined`: a member's first step in `times`; `ptr`,
+        # `avail`: its next count in its row of `draws`, and how many the row holds.
+        self.table = np.zeros((0, len(COUNTERS) + (DRAWS if self.spec else 0)), np.int64)
         self._bind()
-        self.draws = np.zeros((0, DRAWS), np.int64)  # acceptance counts read ahead, a row per member
         self.times: list[float] = []  # the end of every step the group ran since it was last empty
 
     def _bind(self) -> None:
         (self.computed, self.generated, self.output, self.units, self.held, self.spec_steps, self.spec_tokens,
-         self.joined, self.ptr, self.avail) = self.counters
+         self.joined, self.ptr, self.avail) = self.table[:, :len(COUNTERS)].T
+        self.draws = self.table[:, len(COUNTERS):]
 
     @property
     def size(self) -> int:
@@ -70,12 +71,11 @@ class DecodeGroup:
         if not reqs:
             return
         step = len(self.times)
-        new = np.array([(r.computed, r.generated, r.output, r.units, r.units_tokens, r.spec_steps, r.spec_tokens,
-                         step, 0, 0) for r in reqs], np.int64).T
-        self.counters = np.concatenate((self.counters, new), axis=1)
+        new = np.zeros((len(reqs), self.table.shape[1]), np.int64)
+        new[:, :len(COUNTERS)] = [(r.computed, r.generated, r.output, r.units, r.units_tokens, r.spec_steps,
+                                   r.spec_tokens, step, 0, 0) for r in reqs]
+        self.table = np.concatenate((self.table, new))
         self._bind()
-        if self.spec:
-            self.draws = np.concatenate((self.draws, np.zeros((len(reqs), self.draws.shape[1]), np.int64)))
         if self.states is not None:
             self.states.add([r.commit_state for r in reqs])
         for r in reqs:
@@ -91,7 +91,7 @@ class DecodeGroup:
         keep[which] = False
         out = []
         for i, (computed, generated, _, units, held, spec_steps, spec_tokens, joined, ptr, _) in zip(
-                which.tolist(), self.counters[:, which].T.tolist()):
+                which.tolist(), self.table[which, :len(COUNTERS)].tolist()):
             r = self.reqs[i]
             r.computed, r.generated, r.units, r.units_tokens = computed, generated, units, held
             r.spec_steps, r.spec_tokens = spec_steps, spec_tokens
@@ -103,10 +103,8 @@ class DecodeGroup:
             out.append(r)
         if self.states is not None:
             self.states.remove(keep, [(i, self.reqs[i].commit_state) for i in which.tolist()])
-        self.counters = self.counters[:, keep]
+        self.table = self.table[keep]
         self._bind()
-        if self.spec:
-            self.draws = self.draws[keep]
         for i in sorted(which.tolist(), reverse=True):
             del self.reqs[i]
         if not self.reqs:
@@ -203,7 +201,9 @@ class DecodeGroup:
         width = self.draws.shape[1]
         if steps > width:
             width = max(steps, 2 * width)
-            self.draws = np.zeros((self.size, width), np.int64)
+            self.table = np.concatenate((self.table[:, :len(COUNTERS)], np.zeros((self.size, width), np.int64)),
+                                        axis=1)
+            self._bind()
             short = np.arange(self.size)
         else:
             short = (self.ptr + steps > self.avail).nonzero()[0]
