@@ -48,6 +48,7 @@ class DecodeGroup:
         self.margin = verify_positions
         self.states = states
         self.reqs: list[Request] = []
+        self.size = 0  # members: len(reqs), asked several times a step
         # A row per member: its counters (COUNTERS' order; each column is also the attribute of
         # its name), then the acceptance counts read ahead (`draws`, where the run speculates):
         # joining and leaving move one array. `joined`: a member's first step in `times`; `ptr`,
@@ -60,10 +61,6 @@ class DecodeGroup:
         (self.computed, self.generated, self.output, self.units, self.held, self.spec_steps, self.spec_tokens,
          self.joined, self.ptr, self.avail) = self.table[:, :len(COUNTERS)].T
         self.draws = self.table[:, len(COUNTERS):]
-
-    @property
-    def size(self) -> int:
-        return len(self.reqs)
 
     # ------------------------------------------------------------------ membership
     def join(self, reqs: Sequence[Request]) -> None:
@@ -81,6 +78,7 @@ class DecodeGroup:
         for r in reqs:
             r.group = True
         self.reqs.extend(reqs)
+        self.size = len(self.reqs)
 
     def leave(self, which: np.ndarray, inflight: int) -> list[Request]:
         """Bring the members at indices `which` up to date and out of the group; `inflight`: the
@@ -107,6 +105,7 @@ class DecodeGroup:
         self._bind()
         for i in sorted(which.tolist(), reverse=True):
             del self.reqs[i]
+        self.size = len(self.reqs)
         if not self.reqs:
             self.times = []
         return out
@@ -170,7 +169,7 @@ class DecodeGroup:
         else:
             replay_tokens, flush_seqs = 0, m if self.spec else 0
         return BatchTotals(m, m * self.n, m, True, m if self.spec else 0, 0, replay_tokens, flush_seqs,
-                           int(self.computed.sum()), int(self.computed.max()), ())
+                           int(np.add.reduce(self.computed)), int(np.maximum.reduce(self.computed)), ())
 
     def complete(self, now: float) -> None:
         """Every member's outputs of the step that ended at `now`: the drafts it accepted (the next

@@ -90,7 +90,8 @@ class PipelinePricing:
         self._drafter: dict[tuple[int, int, int], tuple[list[DrafterPass], tuple[int, ...]]] = {}
         self._drafter_pass: dict[tuple[int, int], float] = {}
         self._cores: dict[int | tuple[int, int], CorePart] = {}  # by chunk tokens, or (requests, tokens) of a decode
-        self._attn_layers = lat.model.attn_layers  # asked every step; the model does not change
+        # asked every step (properties of the model, which does not change)
+        self._attn_layers, self._gdn_layers = lat.model.attn_layers, lat.model.gdn_layers
         # The tokens replay replays change a price only through the roofline of an unmeasured GDN
         # decode kernel (measured kernels run over every cache slot, whatever they hold).
         self._replay_priced = not ("verify" in lat.kernels and "commit" in lat.kernels)
@@ -195,10 +196,10 @@ class PipelinePricing:
         passes, widths = drafter
 
         us = dict.fromkeys(TERMS, 0.0)
-        us["gdn"] = m.gdn_layers * gdn_dense
-        us["gdn_verify"] = m.gdn_layers * (verify + prefill)
-        us["gdn_commit"] = m.gdn_layers * commit
-        us["attention"] = m.attn_layers * attn_dense  # + the cores, per step
+        us["gdn"] = self._gdn_layers * gdn_dense
+        us["gdn_verify"] = self._gdn_layers * (verify + prefill)
+        us["gdn_commit"] = self._gdn_layers * commit
+        us["attention"] = self._attn_layers * attn_dense  # + the cores, per step
         us["moe"] = m.num_layers * moe
         us["lm_head"] = lm
         us["allreduce"] = m.num_layers * ar + sum([p.allreduce_us for p in passes])
@@ -208,7 +209,7 @@ class PipelinePricing:
         if mode == "full":
             target = sum(us[t] for t in ("gdn", "gdn_verify", "gdn_commit", "attention", "moe")) + m.num_layers * ar
             # one replay, its attention cores in it
-            ops.append(PipelineOp(host.us("full_graph", N), target, 0, m.attn_layers))
+            ops.append(PipelineOp(host.us("full_graph", N), target, 0, self._attn_layers))
         else:
             core: dict[str, list[PipelineOp]] = {"attn": [PipelineOp(host.us("attn_core", R), 0.0, 0, 1)], "gdn": []}
             if B:

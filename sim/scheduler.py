@@ -326,8 +326,10 @@ class Scheduler:
         if finished:
             running = self.running
             for req in finished:  # a few a step: remove each (one preempted while its last step ran is not there)
-                if req in running:
+                try:
                     running.remove(req)
+                except ValueError:
+                    pass
         if self.group is not None:
             self._join(following)
         return finished
