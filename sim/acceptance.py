@@ -131,7 +131,7 @@ class AcceptanceStream:
 
     def ahead(self, steps: int) -> np.ndarray:
         """The accepted counts of the next `steps` verify steps, left unused."""
-        while self.drawn < steps:
+        while len(self._listed) - self._next < steps:
             self._draw()
         return self._counts[self._next:self._next + steps]
 
@@ -151,13 +151,12 @@ class AcceptanceStream:
         steps = self._block_steps
         self._block_steps = min(2 * steps, UNIFORM_BLOCK_MAX)
         depth = self.depth
-        accept = np.empty((steps, depth + 1), bool)
-        np.less(self._rng.random((steps, depth)), self._accept, out=accept[:, :depth])
         # A row accepts through the depth before its first miss; a miss after the last depth
-        # ends every row, so a row that accepts every depth counts D.
-        accept[:, depth] = False
+        # (the column left False) ends every row, so a row that accepts every depth counts D.
+        accept = np.zeros((steps, depth + 1), bool)
+        np.less(self._rng.random((steps, depth)), self._accept, out=accept[:, :depth])
         counts = accept.argmin(axis=1)
-        if self.drawn:
+        if self._next < len(self._listed):  # counts drawn and not used yet come first
             counts = np.concatenate((self._counts[self._next:], counts))
         self._counts, self._listed, self._next = counts, counts.tolist(), 0
 

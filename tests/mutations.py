@@ -124,8 +124,8 @@ MUTATIONS = (
              "INIT_B, MULT_B = 0x8B51F9DD, 0x58F38DEE",
              ("tests/test_stream_seeds.py",)),
     Mutation("accept-all-depths-lost", "a verify that accepts every depth counted as accepting none",
-             "        accept[:, depth] = False",
-             "        accept[:, depth] = True",
+             "        accept = np.zeros((steps, depth + 1), bool)",
+             "        accept = np.ones((steps, depth + 1), bool)",
              ("tests/test_engine_acceptance.py", "-k", "reference or d_uniforms")),
 )
 
