@@ -216,11 +216,8 @@ class DecodeGroup:
             # `steps`: a member draws no sooner than on its own.
             stream = reqs[i].acceptance
             stream.skip(ptr)
-            drawn = stream.drawn
-            if drawn < steps:
-                stream.ahead(steps)
-                drawn = stream.drawn
-            count = min(width, left, drawn)
+            stream.ahead(steps)  # draws only where it holds fewer
+            count = min(width, left, stream.drawn)
             draws[i, :count] = stream.ahead(count)
             counts.append(count)
         self.ptr[short] = 0

@@ -284,7 +284,7 @@ class PipelinePricing:
         if ("gdn_prefill", "graph") in lat.curves:
             chunked = sum(-(-t // FLA_CHUNK) * FLA_CHUNK for t, _ in b.chunks)
             return lat.derived_factor(0.0) * lat.curve_us("gdn_prefill", "graph", chunked)
-        return lat.analytic_prefill_recurrence_s(b.prefill_tokens) / US / lat.model.gdn_layers
+        return lat.analytic_prefill_recurrence_s(b.prefill_tokens) / US / self._gdn_layers
 
     def _drafter_passes(self, b: StepBatch, tokens: int) -> tuple[list[DrafterPass], tuple[int, ...]]:
         """Each MTP pass: all target tokens first, then R x width per depth; and the widths of the
