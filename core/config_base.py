@@ -13,5 +13,7 @@ DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "bf16"
 
 
 class Strict(BaseModel):
-    """A schema that refuses unknown fields and cannot be changed once made."""
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """A schema that refuses unknown fields, takes each value only as its own type (no `true`
+    or "5" where a number belongs, no 1 for a boolean; an int stands for a float) and cannot
+    be changed once made."""
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)

@@ -13,6 +13,7 @@ from core.config_model import ModelConfig
 from core.config_policy import PolicyConfig
 from core.errors import ConfigError
 from core.files import read_text
+from core.yaml_text import load_yaml
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 REPO_ROOT = CONFIG_DIR.parent
@@ -32,7 +33,7 @@ def yaml_problem(e: yaml.YAMLError) -> str:
 
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(read_text(path, "a YAML file"))
+        data = load_yaml(read_text(path, "a YAML file"))
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(data, dict):
@@ -48,7 +49,7 @@ def parse_set(item: str, example: str = "engine.gmu=0.6") -> tuple[str, Any]:
     if not sep or not key.strip():
         raise ConfigError(f"--set expects KEY=VALUE (e.g. {example}), got {item!r}")
     try:
-        return key.strip(), yaml.safe_load(text)
+        return key.strip(), load_yaml(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"--set {item}: the value is not valid YAML ({yaml_problem(e)}); quote a string, "
                           "write a list as [1, 2]") from None
@@ -73,6 +74,9 @@ def format_validation_error(source: str, err: ValidationError, cls: type[BaseMod
         msg = e["msg"]
         if e["type"] == "extra_forbidden" and cls is not None and (valid := _fields_at(cls, e["loc"])):
             msg = f"unknown field; valid: {', '.join(valid)}"
+        elif e["type"].endswith("_type"):  # the schema takes no other type: say what was given
+            msg += f", got {e['input']!r} (a {type(e['input']).__name__}; quote nothing that is a number)" \
+                if isinstance(e["input"], str) else f", got {e['input']!r}"
         fields.append(f"{loc}: {msg}")
     if len(fields) == 1:
         return f"{source}: invalid configuration: {fields[0]}"
@@ -104,8 +108,15 @@ def load_model(name: str, overrides: dict[str, Any] | None = None) -> ModelConfi
 
 
 def load_hardware(name: str) -> HardwareConfig:
+    """A GPU profile. Its calibration_dir must exist: without the tables a run would be priced
+    by the roofline under the same GPU name; calibration_dir: null asks for that outright."""
     path = _resolve("hardware", name)
-    return validate(HardwareConfig, read_yaml(path), str(path))
+    hw = validate(HardwareConfig, read_yaml(path), str(path))
+    if hw.calibration_dir is not None and not (REPO_ROOT / hw.calibration_dir).is_dir():
+        raise ConfigError(f"{path}: calibration_dir {hw.calibration_dir}: no such folder (relative to {REPO_ROOT}); "
+                          "allowed: a folder of calibration tables, or calibration_dir: null to price every step by "
+                          "the analytic roofline")
+    return hw
 
 
 def load_policy(name: str, overrides: dict[str, Any] | None = None) -> PolicyConfig:

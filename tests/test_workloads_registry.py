@@ -26,9 +26,12 @@ def test_unknown_workload_lists_valid_ones(capsys):
 def test_synthetic_fixed_defaults_and_overrides():
     w = load_workload("synthetic-fixed", 3, 0)
     assert [(r.prompt_tokens, r.output_tokens) for r in w.requests] == [(512, 256)] * 3
-    w = load_workload("synthetic-fixed", 2, 0, {"prompt_tokens": 100, "output_tokens": "7"})
+    w = load_workload("synthetic-fixed", 2, 0, {"prompt_tokens": 100, "output_tokens": 7})
     assert {(r.prompt_tokens, r.output_tokens) for r in w.requests} == {(100, 7)}
     assert w.arrival == "closed" and w.acceptance == {}
+    # a quoted number is a string: refused, not read as the number it spells
+    with pytest.raises(WorkloadError, match=r"output_tokens: Input should be a valid integer, got '7'"):
+        load_workload("synthetic-fixed", 2, 0, {"output_tokens": "7"})
 
 
 @pytest.mark.parametrize("name", ["balanced-chat", "generation-heavy", "summarize-heavy"])

@@ -8,6 +8,7 @@ import yaml
 from pydantic import ValidationError
 
 from core.config import CONFIG_DIR, format_validation_error, read_yaml
+from core.yaml_text import load_yaml
 from workloads import azure, burstgpt, guidellm, sharegpt, specbench, synthetic
 from workloads.acceptance import validate_acceptance
 from workloads.base import Sample, Workload, WorkloadError
@@ -44,7 +45,7 @@ def parse_set(items: list[str]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise WorkloadError(f"--set {item!r}: expected key=value, e.g. path=data/trace.csv")
         try:
-            out[key.strip()] = yaml.safe_load(value) if value.strip() else None
+            out[key.strip()] = load_yaml(value) if value.strip() else None
         except yaml.YAMLError:
             out[key.strip()] = value
     return out

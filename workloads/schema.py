@@ -7,16 +7,14 @@ from __future__ import annotations
 
 from typing import Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from core.config_base import Strict
 
 Arrival = Literal["closed", "poisson", "gamma", "trace"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class LengthDist(_Strict):
+class LengthDist(Strict):
     """Lognormal token length: round(exp(N(ln median, sigma^2))), clipped to [min, max]."""
 
     median: float = Field(gt=0)
@@ -32,7 +30,7 @@ class LengthDist(_Strict):
         return self
 
 
-class _Common(_Strict):
+class _Common(Strict):
     name: str
     kind: str
     description: str = ""
