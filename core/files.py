@@ -1,12 +1,10 @@
 """File helpers: atomic writes, text input that fails as a user error, and output folders
-that a failed or interrupted command leaves as they were."""
+that a failed or interrupted command leaves as they were (one writer each: core.folder_lock)."""
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -102,44 +100,12 @@ class StagedOutput:
         self.discard()  # after publish there is nothing left; after a failure, the partial files
 
 
-class FolderLock:
-    """An exclusive lock on a folder for one writer: a second process gets a ConfigError
-    naming the process that holds it. The lock is `flock` on a hidden file beside the
-    folder (so a command that fails on its input creates nothing in it), which goes away
-    with its holder however that ends: a killed process leaves no stale lock."""
-
-    def __init__(self, folder: Path, option: str = "--out") -> None:
-        self.folder, self.option = Path(folder), option
-        self.path = self.folder.absolute().parent / f".{self.folder.name}.lock"
-        self.fd: int | None = None
-
-    def __enter__(self) -> "FolderLock":
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ConfigError(f"{self.option} {self.folder}: cannot create {self.path.parent} ({e.strerror or e})") from None
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
-                os.close(fd)
-                raise ConfigError(f"{self.option} {self.folder}: in use by {holder}; wait for it to finish "
-                                  "or choose another folder") from None
-            try:  # the holder before us may have removed the file between our open and our flock
-                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
-                    break
-            except FileNotFoundError:
-                pass
-            os.close(fd)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"process {os.getpid()} (started {time.strftime('%Y-%m-%d %H:%M:%S')})".encode(), 0)
-        self.fd = fd
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.fd is not None:
-            self.path.unlink(missing_ok=True)
-            os.close(self.fd)  # closing releases the flock
-            self.fd = None
+def named_path(text: str | None, option: str = "--out") -> Path | None:
+    """A path the user named on the command line (None: not given). An empty one, such as an unset
+    shell variable gives, would mean the current folder: refused, not taken for '.'."""
+    if text is None:
+        return None
+    if not text.strip():
+        raise ConfigError(f"{option} {text!r}: an empty path; allowed: a path such as runs/x, or . for the current "
+                          "folder")
+    return Path(text)

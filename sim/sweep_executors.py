@@ -5,6 +5,11 @@ record; the executors yield (point, record) as points finish, in any order.
 """
 from __future__ import annotations
 
+import ctypes
+import os
+import signal
+import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -16,6 +21,8 @@ from core.config import ConfigError, RunConfig
 
 Simulate = Callable[[RunConfig], dict[str, Any]]
 DASK_CONNECT_TIMEOUT_S = 5
+PR_SET_PDEATHSIG = 1  # linux/prctl.h: the signal a process gets when its parent dies
+PARENT_POLL_S = 1.0  # where there is no prctl: how often a worker looks for its parent
 
 
 def run_point(simulate: Simulate, cfg: RunConfig) -> dict[str, Any]:
@@ -47,8 +54,27 @@ class Point:
     cfg: RunConfig
 
 
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)
+
+
+def start_worker(parent: int) -> None:
+    """A pool worker's first act. Ctrl-C reaches the whole process group: the parent stops the
+    workers, so they ignore it (no traceback from each). A worker dies with its parent, whose
+    SIGKILL (or the out-of-memory killer) would otherwise leave it asleep on the pool's queue."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    else:
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    if os.getppid() != parent:  # the parent died before the signal was asked for
+        os._exit(1)
+
+
 def run_local(points: list[Point], simulate: Simulate, jobs: int) -> Iterator[tuple[Point, dict[str, Any]]]:
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(points)))
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(points)), initializer=start_worker, initargs=(os.getpid(),))
     futures: dict[Future, Point] = {pool.submit(run_point, simulate, p.cfg): p for p in points}
     try:
         pending = set(futures)
