@@ -12,10 +12,11 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from policies.base import TREEWY_MAX_POSITIONS
 from policies.tree import DraftTree
 
 DUMMY_BLOCK = 0  # pool block that padded requests of a full graph point at (never given to a request)
-POSITIONS_MAX = 128  # verify positions of one request, replayed history included (treewy.MAX_POSITIONS)
+POSITIONS_MAX = TREEWY_MAX_POSITIONS  # verify positions of one request, replayed history included
 
 
 class StepRequest(Protocol):

@@ -33,6 +33,14 @@ class AttentionConfig(Strict):
     # HF partial_rotary_factor: RoPE turns this fraction of each head's channels (Qwen3.5 / Qwen3-Next: 64 of 256)
     partial_rotary_factor: float = Field(0.25, gt=0, le=1)
 
+    @model_validator(mode="after")
+    def _grouped(self) -> "AttentionConfig":
+        # vLLM's Attention layer asserts num_heads % num_kv_heads == 0 (layers/attention/attention.py)
+        if self.num_q_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads {self.num_kv_heads} does not divide num_q_heads {self.num_q_heads}: each "
+                             "KV head serves a whole group of query heads; allowed: a divisor of num_q_heads")
+        return self
+
     @property
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)

@@ -1,9 +1,9 @@
 """The commit policy's schema: which state-commit rule, the draft tree, replay's flush interval."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from core.config_base import Strict
 
@@ -26,3 +26,11 @@ class PolicyConfig(Strict):
         if not v or any(w < 1 for w in v):
             raise ValueError("draft_tree_widths must be a non-empty list of positive ints, e.g. [1, 1, 1]")
         return v
+
+    @model_validator(mode="after")
+    def _no_tree_without_drafts(self) -> "PolicyConfig":
+        if self.mamba_state_commit == "none" and "draft_tree_widths" in self.model_fields_set:
+            raise ValueError(f"policy {self.name} (mamba_state_commit none) drafts nothing, so draft_tree_widths "
+                             f"{self.draft_tree_widths} cannot apply; allowed: no draft_tree_widths (no --tree), or a "
+                             f"speculating policy: {', '.join(p for p in get_args(PolicyName) if p != 'none')}")
+        return self

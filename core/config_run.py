@@ -32,17 +32,22 @@ class ClientConfig(Strict):
         return self
 
 
+MAX_EXCLUDED = 0.5  # warm-up and cool-down together: the steady state they frame is at least half the run
+
+
 class MeasureConfig(Strict):
     """Which requests the latency statistics cover: a run starts empty and, in an open loop,
     ends as its last arrivals drain, so a steady-state measurement leaves out the first and
-    last requests by arrival order (the whole run counts by default)."""
+    last requests by arrival order (the whole run counts by default). A start-up or a drain
+    longer than the rest of the run is not one: 0.99 would measure the last 1% alone."""
     warmup_fraction: float = Field(0.0, ge=0, lt=1)
     cooldown_fraction: float = Field(0.0, ge=0, lt=1)
 
     @model_validator(mode="after")
     def _leaves_requests(self) -> "MeasureConfig":
-        if self.warmup_fraction + self.cooldown_fraction >= 1:
-            raise ValueError("warmup_fraction + cooldown_fraction must be < 1 (they would exclude every request)")
+        if self.warmup_fraction + self.cooldown_fraction > MAX_EXCLUDED:
+            raise ValueError(f"warmup_fraction {self.warmup_fraction:g} + cooldown_fraction {self.cooldown_fraction:g} "
+                             f"would leave out more than half of the requests; allowed: 0 to {MAX_EXCLUDED:g} together")
         return self
 
 

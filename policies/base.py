@@ -11,6 +11,10 @@ if TYPE_CHECKING:
 
     from core.config import ModelConfig, PolicyConfig
 
+# Verify positions of one request (replayed history included) the TreeWY kernels take: their
+# ancestor mask is one [BT, BT] tile per tree (policies/kernels/treewy.py).
+TREEWY_MAX_POSITIONS = 128
+
 
 class RequestCommitState(Protocol):
     """A policy's per-request bookkeeping, kept by the engine beside the request."""
@@ -66,6 +70,8 @@ class CommitPolicy:
     """
 
     name: ClassVar[str]
+    # The most `kernel_positions` its verify kernels take; None: no limit of their own.
+    max_kernel_positions: ClassVar[int | None] = None
 
     def __init__(self, model: "ModelConfig", cfg: "PolicyConfig") -> None:
         self.model = model
@@ -80,6 +86,10 @@ class CommitPolicy:
     @property
     def verify_positions(self) -> int:
         return self.tree.verify_positions
+
+    def kernel_positions(self) -> int:
+        """Positions per request the verify kernels run over: the tree's, and what they replay."""
+        return self.verify_positions
 
     # -- persistent GDN state
     def spec_blocks_per_group(self) -> int:

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
-from policies.base import CommitPolicy
+from policies.base import TREEWY_MAX_POSITIONS, CommitPolicy
 
 
 class Reconstruct(CommitPolicy):
     """TreeWY: one committed state; transient pseudo-values; commit rebuilds in place."""
 
     name = "reconstruct"
+    max_kernel_positions = TREEWY_MAX_POSITIONS
 
     def transient_bytes_per_step_per_seq(self) -> int:
         g = self.model.gdn

@@ -4,7 +4,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from policies.base import CommitPolicy
+from policies.base import TREEWY_MAX_POSITIONS, CommitPolicy
 
 
 def cache_slots(flush_interval: int, max_path: int) -> int:
@@ -20,6 +20,7 @@ class Replay(CommitPolicy):
     """ReplaySSM: one older state + cached inputs of accepted tokens, flushed every m steps."""
 
     name = "replay"
+    max_kernel_positions = TREEWY_MAX_POSITIONS
 
     @property
     def flush_interval(self) -> int:
@@ -38,6 +39,9 @@ class Replay(CommitPolicy):
         """Cache slots per sequence; the verify kernel runs over all of them every step, however
         many hold tokens (its shapes are fixed for CUDA graphs)."""
         return cache_slots(self.flush_interval, self.tree.depth + 1)
+
+    def kernel_positions(self) -> int:
+        return self.cache_slots() + self.verify_positions
 
     def cache_bytes_per_seq_per_gpu(self) -> int:
         per_layer = self.cached_input_bytes_per_token_per_layer() // self.model.tensor_parallel

@@ -32,6 +32,7 @@ from core.config import ConfigError
 from sim.stream_seeds import Seeded, seed_words
 
 REFERENCE_ACCEPTED_LEN = {(1, 1, 1): 3.24, (3, 3, 3): 3.58}  # docs/design.md#draft-trees, bonus token included
+REFERENCE_DEPTH = 3  # the depth of both: the built-in rows have no evidence past it
 RANK_COLUMNS = 16  # candidate ranks listed per row of the default distribution
 # Verify steps of uniforms drawn per refill (amortises numpy's call overhead: a draw costs about
 # as much as 150 more steps in it). The first block covers the steps a request of known output
@@ -60,8 +61,8 @@ def _solve_geometric_sum(target: float, depth: int) -> float:
 
 def default_rank_rows(depth: int = 3) -> list[list[float]]:
     """Depth-independent rank distribution fitted to docs/design.md#draft-trees' 3.24 / 3.58 (see module doc)."""
-    a = _solve_geometric_sum(REFERENCE_ACCEPTED_LEN[(1, 1, 1)] - 1, 3)
-    b = _solve_geometric_sum(REFERENCE_ACCEPTED_LEN[(3, 3, 3)] - 1, 3)
+    a = _solve_geometric_sum(REFERENCE_ACCEPTED_LEN[(1, 1, 1)] - 1, REFERENCE_DEPTH)
+    b = _solve_geometric_sum(REFERENCE_ACCEPTED_LEN[(3, 3, 3)] - 1, REFERENCE_DEPTH)
     q = 1 - np.sqrt(1 - (b - a) / (1 - a))
     row = [a] + [(1 - a) * q * (1 - q) ** (r - 1) for r in range(1, RANK_COLUMNS)]
     return [list(map(float, row)) for _ in range(depth)]

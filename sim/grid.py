@@ -10,6 +10,7 @@ fails before anything runs, naming the field and what is allowed.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from core.config import (
     read_yaml,
     validate,
 )
+from sim.speculation import speculates
 
 GRID_KEYS = ("description", "fixed", "axes", "workloads")
 WORKLOAD_KEYS = ("fixed", "axes")
@@ -42,6 +44,7 @@ DICT_FIELD_KEYS: dict[str, tuple[str, ...] | None] = {
     "workload_overrides": None,
     "model_overrides": ("weights", "mamba_ssm_dtype", "tensor_parallel"),  # e.g. the FP8 checkpoint: weights: fp8
 }
+TREE_FIELD = "policy_overrides.draft_tree_widths"
 # Axes that set the offered load; the first one a grid sweeps is its load axis.
 LOAD_FIELDS = ("client.max_concurrency", "client.request_rate")
 
@@ -103,8 +106,14 @@ class Grid:
         return [{**self.fixed, **dict(zip(names, combo))} for combo in itertools.product(*self.axes.values())]
 
     def points(self, workload: str) -> list[RunConfig]:
+        """Every point as a RunConfig. A tree crossed with a policy axis is the speculating
+        policies' tree: a point of the policy that drafts nothing has none (as `specsim plan`'s
+        --tree), where `specsim run --policy none --tree ...` is refused."""
         points = []
+        drafts = functools.cache(speculates)
         for assignment in self.assignments():
+            if TREE_FIELD in assignment and not drafts(assignment.get("policy", RunConfig().policy)):
+                assignment = {k: v for k, v in assignment.items() if k != TREE_FIELD}
             data: dict[str, Any] = {"workload": workload}
             for path, value in assignment.items():
                 set_field(data, path, value)

@@ -9,11 +9,10 @@ import argparse
 import json
 from typing import Any, get_args
 
-from core.config import (ConfigError, DType, EngineConfig, GiB, hardware_names, load_hardware, load_model, load_policy,
-                         model_names, validate)
-from policies import DraftTree, make_policy
-from sim.budget import served_model
+from core.config import ConfigError, DType, EngineConfig, GiB, RunConfig, hardware_names, model_names, validate
+from policies import DraftTree
 from sim.memory import memory_facts, pool_facts
+from sim.startup_checks import serve
 from sim.vllm_version import parse_version
 
 MiB = 1 << 20
@@ -27,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="per-depth widths, e.g. 1,1,1 or 3,3,3 (default: a chain of --num-speculative-tokens, "
                         "else the policy's)")
     p.add_argument("--hardware", default=None, help=f"derive the KV budget on this GPU: {', '.join(hardware_names())}")
-    p.add_argument("--gmu", type=float, default=0.9, help="GPU memory utilisation with --hardware")
+    p.add_argument("--gmu", type=float, default=None, help=f"GPU memory utilisation with --hardware (default: "
+                   f"{EngineConfig().gmu})")
     p.add_argument("--kv-cache-memory-gib", type=float, default=None,
                    help="available KV cache memory per GPU in GiB, as vLLM logs it (instead of deriving it from gmu)")
     p.add_argument("--max-model-len", type=int, default=None, help="tokens per request (default: the model's)")
@@ -45,57 +45,46 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
-def _model_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    pairs = (("tensor_parallel", args.tensor_parallel), ("mtp_depth", args.num_speculative_tokens),
-             ("mamba_ssm_dtype", args.mamba_ssm_dtype))
-    return {k: v for k, v in pairs if v is not None}
-
-
-def _engine(args: argparse.Namespace) -> EngineConfig:
-    data: dict[str, Any] = {"gmu": args.gmu}
-    if args.kv_cache_dtype:
-        data["kv_cache_dtype"] = args.kv_cache_dtype
+def _run_config(args: argparse.Namespace) -> RunConfig:
+    """The flags as the run configuration `specsim run` would take, so both pass one check."""
+    data: dict[str, Any] = {"model": args.model, "engine": {}, "model_overrides": {}}
+    if args.policy is not None:
+        data["policy"] = args.policy
+    if args.hardware is not None:
+        data["hardware"] = args.hardware
+    if args.num_speculative_tokens is not None:
+        data["num_speculative_tokens"] = args.num_speculative_tokens
+    if args.tree:
+        try:
+            data["policy_overrides"] = {"draft_tree_widths": list(DraftTree.parse(args.tree).widths)}
+        except ValueError as e:
+            raise ConfigError(f"--tree: {e}") from None
+    for key, value in (("tensor_parallel", args.tensor_parallel), ("mamba_ssm_dtype", args.mamba_ssm_dtype)):
+        if value is not None:
+            data["model_overrides"][key] = value
+    engine = data["engine"]
+    for key, value in (("gmu", args.gmu), ("kv_cache_dtype", args.kv_cache_dtype), ("max_model_len", args.max_model_len)):
+        if value is not None:
+            engine[key] = value
     if args.mamba_cache_mode:
-        data.update(mamba_cache_mode=args.mamba_cache_mode, enable_prefix_caching=args.mamba_cache_mode == "align")
-    if args.max_model_len is not None:
-        data["max_model_len"] = args.max_model_len
-    return validate(EngineConfig, data, "specsim memory flags")
+        engine.update(mamba_cache_mode=args.mamba_cache_mode, enable_prefix_caching=args.mamba_cache_mode == "align")
+    return validate(RunConfig, data, "specsim memory flags")
 
 
 def main(args: argparse.Namespace) -> int:
     if args.kv_cache_memory_gib is not None and not args.kv_cache_memory_gib > 0:
         raise ConfigError(f"--kv-cache-memory-gib must be a positive number of GiB, got {args.kv_cache_memory_gib}")
+    if args.gmu is not None and args.hardware is None:
+        raise ConfigError(f"--gmu {args.gmu:g} sizes the pool as a share of a GPU's memory: it needs --hardware "
+                          f"({', '.join(hardware_names())}); --kv-cache-memory-gib gives the pool without one")
     parse_version(args.vllm_version)  # a bad version fails before anything is computed
-    engine = _engine(args)
-    policy_name = args.policy or ("none" if args.num_speculative_tokens == 0 else "store_all")
-    if args.num_speculative_tokens == 0 and policy_name != "none":
-        raise ConfigError(f"--num-speculative-tokens 0 is the no-speculation baseline (--policy none); "
-                          f"it cannot run with --policy {policy_name}")
-    if policy_name == "none" and args.num_speculative_tokens:
-        raise ConfigError(f"--policy none drafts nothing; --num-speculative-tokens must be 0 or unset, "
-                          f"got {args.num_speculative_tokens}")
-    overrides = _model_overrides(args)
-    if policy_name == "none":
-        overrides["mtp_depth"] = 0  # vLLM builds no drafter without speculation (sim.speculation)
-    model = served_model(load_model(args.model, overrides), engine)
-    widths = None
-    if args.tree:
-        try:
-            widths = list(DraftTree.parse(args.tree).widths)
-        except ValueError as e:
-            raise ConfigError(f"--tree: {e}") from None
-    elif args.num_speculative_tokens:
-        widths = [1] * args.num_speculative_tokens
-    policy = make_policy(model, load_policy(policy_name, {"draft_tree_widths": widths} if widths else {}))
-    if model.mtp_depth and policy.tree.depth > model.mtp_depth:
-        raise ConfigError(f"--tree {policy.tree} has depth {policy.tree.depth}, but {model.name} drafts only "
-                          f"{model.mtp_depth} tokens (--num-speculative-tokens)")
+    served = serve(_run_config(args), with_hardware=args.hardware is not None)
+    model, policy, engine = served.model, served.policy, served.cfg.engine
     facts = memory_facts(model, policy, engine.resolved_mamba_cache_mode == "align")
     lines: list[str] = []
     if args.hardware or args.kv_cache_memory_gib is not None:
-        hw = load_hardware(args.hardware) if args.hardware else None
         kv = int(args.kv_cache_memory_gib * GiB) if args.kv_cache_memory_gib is not None else None
-        pool, lines = pool_facts(model, hw, engine, policy, kv, args.vllm_version)
+        pool, lines = pool_facts(model, served.hw, engine, policy, kv, args.vllm_version)
         facts.update(pool)
     if args.json:
         print(json.dumps({**facts, "vllm_log": lines}, indent=2))

@@ -18,11 +18,12 @@ from typing import Any
 
 import yaml
 
-from core.config import (CONFIG_DIR, DTYPE_BYTES, ConfigError, EngineConfig, ModelConfig, format_validation_error,
-                         load_hardware, load_policy)
+from core.config import (CONFIG_DIR, DTYPE_BYTES, ConfigError, EngineConfig, ModelConfig, load_hardware, load_policy,
+                         validate)
 from core.files import atomic_write_text
 from core.projections import attention_projections, elements, gdn_projections, mlp_projections, moe_projections
 from policies import make_policy
+from sim.startup_checks import check_tensor_parallel, tp_problem
 
 # model_type of the config (or of its text_config) -> the family whose key names it uses.
 FAMILIES: dict[str, str] = {
@@ -65,9 +66,22 @@ def _get(text: dict[str, Any], source: str, *keys: str) -> Any:
     raise ConfigError(f"{source}: {' or '.join(keys)} missing; the model YAML needs it")
 
 
+def _count(text: dict[str, Any], source: str, *keys: str, minimum: int = 1) -> int:
+    """A count or width of the config: an integer of at least `minimum` (JSON's true, 2.5 or "8" are not)."""
+    value = _get(text, source, *keys)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        key = next(k for k in keys if text.get(k) is not None)
+        raise ConfigError(f"{source}: {key} {json.dumps(value)}: allowed: an integer >= {minimum}")
+    return value
+
+
+def _count_or(text: dict[str, Any], source: str, key: str, default: int, minimum: int = 0) -> int:
+    return _count(text, source, key, minimum=minimum) if text.get(key) is not None else default
+
+
 def layer_pattern(text: dict[str, Any], source: str) -> tuple[list[str], int]:
     """The shortest period of the layer types, and the layer count."""
-    n = int(_get(text, source, "num_hidden_layers"))
+    n = _count(text, source, "num_hidden_layers")
     if isinstance(text.get("layer_types"), list):
         kinds = []
         for t in text["layer_types"]:
@@ -77,7 +91,7 @@ def layer_pattern(text: dict[str, Any], source: str) -> tuple[list[str], int]:
         if len(kinds) != n:
             raise ConfigError(f"{source}: layer_types lists {len(kinds)} layers but num_hidden_layers is {n}")
     else:  # Qwen3-Next: every full_attention_interval-th layer is full attention (transformers' rule)
-        every = int(_get(text, source, "full_attention_interval"))
+        every = _count(text, source, "full_attention_interval")
         kinds = ["attn" if (i + 1) % every == 0 else "gdn" for i in range(n)]
     for p in range(1, n + 1):
         if n % p == 0 and kinds == kinds[:p] * (n // p):
@@ -86,17 +100,17 @@ def layer_pattern(text: dict[str, Any], source: str) -> tuple[list[str], int]:
 
 
 def _ffn(text: dict[str, Any], source: str, imp: Imported) -> None:
-    if text.get("num_experts"):
+    if text.get("num_experts") is not None:
         if text.get("mlp_only_layers"):
             raise ConfigError(f"{source}: mlp_only_layers {text['mlp_only_layers']}: dense layers inside an MoE model "
                               "are not modelled (every layer has the same feed-forward block)")
-        if int(text.get("decoder_sparse_step", 1)) != 1:
+        if _count_or(text, source, "decoder_sparse_step", 1) != 1:
             raise ConfigError(f"{source}: decoder_sparse_step {text['decoder_sparse_step']}: only an MoE block after "
                               "every layer (1) is modelled")
-        width = int(_get(text, source, "moe_intermediate_size"))
-        moe: dict[str, Any] = {"num_experts": int(text["num_experts"]),
-                               "top_k": int(_get(text, source, "num_experts_per_tok")), "expert_width": width}
-        shared = int(text.get("shared_expert_intermediate_size") or 0)
+        width = _count(text, source, "moe_intermediate_size")
+        moe: dict[str, Any] = {"num_experts": _count(text, source, "num_experts"),
+                               "top_k": _count(text, source, "num_experts_per_tok"), "expert_width": width}
+        shared = _count_or(text, source, "shared_expert_intermediate_size", 0)
         if not shared:
             moe["shared_experts"] = 0
             imp.defaults["moe.shared_experts"] = "0 (no shared_expert_intermediate_size)"
@@ -106,7 +120,7 @@ def _ffn(text: dict[str, Any], source: str, imp: Imported) -> None:
             moe.update(shared_experts=1, shared_expert_width=shared)
         imp.data["moe"] = moe
     else:
-        imp.data["mlp"] = {"intermediate_size": int(_get(text, source, "intermediate_size"))}
+        imp.data["mlp"] = {"intermediate_size": _count(text, source, "intermediate_size")}
 
 
 def _rotary(text: dict[str, Any]) -> float | None:
@@ -174,11 +188,10 @@ def _tensor_parallel(m: dict[str, Any], hardware: str, imp: Imported) -> None:
     from sim.pool import check_one_request_fits, make_pool
 
     hw, engine = load_hardware(hardware), EngineConfig(gmu=0.9)
-    heads = (m["gdn"]["num_k_heads"], m["gdn"]["num_v_heads"], m["attention"]["num_q_heads"])
     for tp in TP_CHOICES:
-        if any(n % tp for n in heads):
-            continue
         model = served_model(ModelConfig.model_validate({**m, "tensor_parallel": tp}), engine)
+        if tp_problem(model, tp):
+            continue
         policy = make_policy(model, load_policy("store_all"))
         try:
             pool_bytes = memory_budget(model, hw, engine).pool_bytes
@@ -202,19 +215,19 @@ def import_config(cfg: dict[str, Any], source: str, name: str, tensor_parallel: 
     pattern, layers = layer_pattern(text, source)
     m = imp.data
     m["name"] = name
-    m["hidden_size"] = int(_get(text, source, "hidden_size"))
+    m["hidden_size"] = _count(text, source, "hidden_size")
     m["layer_pattern"], m["num_layers"] = pattern, layers
-    m["gdn"] = {"num_k_heads": int(_get(text, source, "linear_num_key_heads")),
-                "num_v_heads": int(_get(text, source, "linear_num_value_heads")),
-                "head_k_dim": int(_get(text, source, "linear_key_head_dim")),
-                "head_v_dim": int(_get(text, source, "linear_value_head_dim")),
-                "conv_kernel": int(_get(text, source, "linear_conv_kernel_dim"))}
-    heads = int(_get(text, source, "num_attention_heads"))
-    head_dim = text.get("head_dim") or m["hidden_size"] // heads
+    m["gdn"] = {"num_k_heads": _count(text, source, "linear_num_key_heads"),
+                "num_v_heads": _count(text, source, "linear_num_value_heads"),
+                "head_k_dim": _count(text, source, "linear_key_head_dim"),
+                "head_v_dim": _count(text, source, "linear_value_head_dim"),
+                "conv_kernel": _count(text, source, "linear_conv_kernel_dim")}
+    heads = _count(text, source, "num_attention_heads")
+    head_dim = _count_or(text, source, "head_dim", m["hidden_size"] // heads, minimum=1)
     if "head_dim" not in text:
         imp.defaults["attention.head_dim"] = f"{head_dim} (hidden_size / num_attention_heads: no head_dim)"
-    m["attention"] = {"num_q_heads": heads, "num_kv_heads": int(_get(text, source, "num_key_value_heads")),
-                      "head_dim": int(head_dim), "gated": bool(text.get("attn_output_gate", True))}
+    m["attention"] = {"num_q_heads": heads, "num_kv_heads": _count(text, source, "num_key_value_heads"),
+                      "head_dim": head_dim, "gated": bool(text.get("attn_output_gate", True))}
     if "attn_output_gate" not in text:
         imp.defaults["attention.gated"] = "true (no attn_output_gate: Qwen3-Next's attention is always gated)"
     rotary = _rotary(text)
@@ -223,16 +236,15 @@ def import_config(cfg: dict[str, Any], source: str, name: str, tensor_parallel: 
         rotary = 0.25
     m["attention"]["partial_rotary_factor"] = rotary
     _ffn(text, source, imp)
-    m["vocab_size"] = int(_get(text, source, "vocab_size"))
+    m["vocab_size"] = _count(text, source, "vocab_size")
     m["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
-    mtp_layers = text.get("mtp_num_hidden_layers", text.get("num_nextn_predict_layers"))
-    if mtp_layers is None:
+    mtp_keys = [k for k in ("mtp_num_hidden_layers", "num_nextn_predict_layers") if text.get(k) is not None]
+    if not mtp_keys:
         imp.defaults["mtp_num_hidden_layers"] = "1 (no mtp_num_hidden_layers: vLLM's MTP drafter runs one layer)"
-        mtp_layers = 1
-    m["mtp_num_hidden_layers"] = int(mtp_layers)
+    m["mtp_num_hidden_layers"] = _count(text, source, mtp_keys[0], minimum=0) if mtp_keys else 1
     m["mtp_depth"] = DEFAULT_MTP_DEPTH if m["mtp_num_hidden_layers"] else 0
     imp.defaults["mtp_depth"] = f"{m['mtp_depth']} (drafts per step are a serving choice: --num-speculative-tokens)"
-    m["max_model_len"] = int(_get(text, source, "max_position_embeddings"))
+    m["max_model_len"] = _count(text, source, "max_position_embeddings")
     dtype = _dtype(text, cfg, imp)
     if dtype not in ("bfloat16", "float16", "float32"):
         raise ConfigError(f"{source}: dtype {dtype!r}; supported: bfloat16, float16, float32")
@@ -251,15 +263,18 @@ def import_config(cfg: dict[str, Any], source: str, name: str, tensor_parallel: 
         imp.notes.append(f"quantization_config {json.dumps(quant, sort_keys=True)} read but not modelled: "
                          f"weights are priced at {dtype}")
     _params(m, imp)
+    check_model(m, f"{source} imported as {name}")  # one line for a shape the schema refuses, before TP is chosen
     if tensor_parallel is not None:
         m["tensor_parallel"] = tensor_parallel
     else:
         _tensor_parallel(m, hardware, imp)
-    try:
-        ModelConfig.model_validate(m)
-    except Exception as e:  # pydantic's ValidationError: one line per field
-        raise ConfigError(format_validation_error(f"{source} imported as {name}", e, ModelConfig)) from None
+    check_model(m, f"{source} imported as {name}")
     return imp
+
+
+def check_model(m: dict[str, Any], source: str) -> None:
+    """The imported fields against the schema and vLLM's start-up rules (tensor parallelism)."""
+    check_tensor_parallel(validate(ModelConfig, {"tensor_parallel": 1, **m}, source))
 
 
 def default_name(cfg: dict[str, Any], path: Path) -> str:

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from core.config import REPO_ROOT, ConfigError, RunConfig, load_hardware, policy_names
-from core.files import FolderLock, StagedOutput
+from core.files import StagedOutput, named_path
+from core.folder_lock import FolderLock
 from policies import DraftTree
 from sim.code_version import code_version
 from sim.grid import check_field
@@ -30,6 +31,7 @@ from sim.plan_dense import dense_check
 from sim.plan_run import PlanSettings, Prepared, best, config, none_met_message, run_plan
 from sim.plan_search import check_tolerance
 from sim.plan_slo import parse_slos
+from sim.startup_checks import check_points
 from sim.sweep import check_jobs, git_describe, parse_sets, run_sweep
 from sim.sweep_executors import connect_dask
 
@@ -128,6 +130,12 @@ def settings_from(args: argparse.Namespace) -> PlanSettings:
     for flag, value in (("--start-rate", args.start_rate), ("--min-rate", args.min_rate), ("--max-rate", args.max_rate)):
         if value is not None and value <= 0:
             raise ConfigError(f"{flag} {value:g}: must be > 0 requests/s")
+    given = [(flag, v) for flag, v in (("--min-rate", args.min_rate), ("--start-rate", args.start_rate),
+                                       ("--max-rate", args.max_rate)) if v is not None]
+    for (low, a), (high, b) in zip(given, given[1:]):
+        if a > b:
+            raise ConfigError(f"{low} {a:g} is above {high} {b:g}: the search probes rates from --min-rate through "
+                              "--start-rate to --max-rate; allowed: --min-rate <= --start-rate <= --max-rate")
     return PlanSettings(
         workload=args.workload, base=_base(args), slos=parse_slos(args.slo), tolerance=args.tolerance,
         num_requests=args.num_requests, max_requests=args.max_requests or 4 * args.num_requests,
@@ -144,7 +152,9 @@ def candidates_from(args: argparse.Namespace) -> list[Candidate]:
 def main(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     cands = candidates_from(args)
-    out = Path(args.out) if args.out else REPO_ROOT / "results" / "plans" / Path(args.workload).stem
+    out = named_path(args.out) or REPO_ROOT / "results" / "plans" / Path(args.workload).stem
+    check_points([config(settings, {**c.assignment(), "num_requests": settings.num_requests}, f"plan candidate {c.label}")
+                  for c in cands], [f"plan candidate {c.label}" for c in cands])
     check_jobs(args.jobs)
     slots = args.jobs or os.cpu_count() or 1
     if args.dask_scheduler:  # fail on a bad address before any work

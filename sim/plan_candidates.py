@@ -5,8 +5,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.config import load_policy
-
-NO_SPECULATION = "none"  # the state-commit name of the policy that does not speculate
+from sim.speculation import speculates
 
 
 @dataclass(frozen=True)
@@ -34,10 +33,6 @@ class Candidate:
         tree = f"tree {self.tree_label}, " if self.tree else ""
         return (f"{self.policy} ({tree}gmu {self.gmu:g}, max_num_seqs {self.max_num_seqs}, "
                 f"max_num_batched_tokens {self.max_num_batched_tokens})")
-
-
-def speculates(policy: str) -> bool:
-    return load_policy(policy).mamba_state_commit != NO_SPECULATION
 
 
 def candidates(policies: list[str], trees: list[tuple[int, ...]], gmus: list[float],

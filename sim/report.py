@@ -87,8 +87,9 @@ def build_table(records: list[dict[str, Any]]) -> pd.DataFrame:
     """One row per point record (as `sim.sweep` stores them), with baseline columns."""
     rows, cache, sigs = [], {}, []
     for rec in records:
-        # "The same point" as the baseline = every config field but the policy.
-        sigs.append(json.dumps({k: v for k, v in rec["config"].items() if k != "policy"}, sort_keys=True))
+        # "The same point" as the baseline = every config field but the policy (and the tree, which
+        # a point that does not speculate has none of: sim.grid).
+        sigs.append(_point_sig(rec["config"]))
         # Fresh records keep insertion order, stored ones come back with sorted keys: put both
         # in RunConfig's field order (and summaries sorted) so points.csv does not depend on
         # which points were cached.
@@ -107,6 +108,26 @@ def build_table(records: list[dict[str, Any]]) -> pd.DataFrame:
     return _with_baseline(df, pd.Series(sigs, index=df.index, dtype=object))
 
 
+def _point_sig(config: dict[str, Any]) -> str:
+    """A point's config without its policy, with its tree apart: `[rest, tree or None]`."""
+    rest = {k: v for k, v in config.items() if k != "policy"}
+    overrides = dict(rest.get("policy_overrides") or {})
+    tree = overrides.pop("draft_tree_widths", None)
+    rest["policy_overrides"] = overrides
+    return json.dumps([rest, tree], sort_keys=True)
+
+
+def _baseline_sigs(sig: pd.Series, base: pd.Series) -> pd.Series:
+    """Each point's baseline signature: its own; for a point without a tree, the one baseline
+    that differs from it in its tree alone (none where several do)."""
+    loose = sig.map(lambda s: json.dumps(json.loads(s)[0], sort_keys=True))
+    treeless = sig.map(lambda s: json.loads(s)[1] is None)
+    counts = loose[base].value_counts()
+    unique = pd.Series(sig[base].values, index=loose[base].values)
+    unique = unique[unique.index.isin(counts[counts == 1].index)]
+    return sig.where(sig.isin(set(sig[base])) | ~treeless, loose.map(unique))
+
+
 def _exhausted(df: pd.DataFrame) -> pd.Series:
     full = pd.Series(False, index=df.index)
     if "peak_kv_usage" in df:
@@ -122,6 +143,7 @@ def _with_baseline(df: pd.DataFrame, sig: pd.Series) -> pd.DataFrame:
         return df
     base = (df["policy"] == BASELINE) & (df["status"] == "ok")
     base_rows = df[base].assign(_sig=sig[base]).set_index("_sig")
+    sig = _baseline_sigs(sig, base)
     bound = _exhausted(base_rows)
     df["memory_bound"] = sig.map(bound).astype("boolean")
     for metric in RATIO_METRICS:

@@ -19,17 +19,16 @@ from typing import Any
 import numpy as np
 import yaml
 
-from core.config import (ConfigError, HardwareConfig, RunConfig, hardware_names, load_hardware, load_model, load_policy,
-                         model_names, parse_set, policy_names, read_yaml, validate)
-from core.files import StagedOutput
-from policies import DraftTree, make_policy
-from sim.acceptance import AcceptanceModel
-from sim.budget import block_layout, memory_budget, served_model
+from core.config import (ConfigError, HardwareConfig, RunConfig, hardware_names, model_names, parse_set, policy_names,
+                         read_yaml, validate)
+from core.files import StagedOutput, named_path
+from policies import DraftTree
+from sim.budget import block_layout, memory_budget
 from sim.engine import EngineResult, run_engine
 from sim.latency_factory import make_latency_model
-from sim.metrics import EVENT_COLUMNS, STEP_COLUMNS, measured, request_rows, summarize
+from sim.metrics import EVENT_COLUMNS, STEP_COLUMNS, measured, request_rows, run_warnings, summarize
 from sim.pool import check_one_request_fits, make_pool
-from sim.speculation import resolve_speculation, speculating_model
+from sim.startup_checks import check_workload, serve
 from sim.step_trace import write_steps
 from workloads import Workload, load_workload, workload_names
 from workloads.arrivals import constant_arrival_times, gamma_arrival_times, trace_arrival_times
@@ -76,22 +75,15 @@ def simulate_result(cfg: RunConfig) -> tuple[dict[str, Any], EngineResult]:
 
 
 def _simulate(cfg: RunConfig, staged: StagedOutput | None) -> tuple[dict[str, Any], EngineResult]:
-    cfg = resolve_speculation(cfg)
-    policy_cfg = load_policy(cfg.policy, cfg.policy_overrides)
-    model = served_model(speculating_model(load_model(cfg.model, cfg.model_overrides), policy_cfg), cfg.engine)
-    hw = load_hardware(cfg.hardware)
-    policy = make_policy(model, policy_cfg)
-    if policy.tree.depth > model.mtp_depth:
-        raise ConfigError(f"policy {cfg.policy}: draft_tree_widths {list(policy.tree.widths)} has depth "
-                          f"{policy.tree.depth}, but {model.name} drafts only mtp_depth = {model.mtp_depth} tokens")
+    served = serve(cfg)
+    cfg, model, hw, policy = served.cfg, served.model, served.hw, served.policy
     eng = cfg.engine
     budget = memory_budget(model, hw, eng)
     layout = block_layout(model, policy, budget.pool_bytes, eng)
     pool = make_pool(eng.allocator, model, policy, layout, budget.pool_bytes)
     check_one_request_fits(pool, model.max_model_len, str(policy.tree))
     workload = load_workload(cfg.workload, cfg.num_requests, cfg.seed, cfg.workload_overrides)
-    acceptance = AcceptanceModel(policy.tree.widths, cfg.seed, workload.acceptance,
-                                 f"workload {workload.name} acceptance")
+    acceptance = check_workload(served, workload)
     latency = make_latency_model(model, hw, policy, eng)
     arrivals, arrival_kind = _arrivals(cfg, workload)
     window = (cfg.measure.warmup_fraction, cfg.measure.cooldown_fraction)
@@ -124,6 +116,7 @@ def _simulate(cfg: RunConfig, staged: StagedOutput | None) -> tuple[dict[str, An
         "pool_bytes": budget.pool_bytes,
         "activation_source": budget.activation_source,
         "engine_semantics": result.semantics,  # the engine behaviours used (docs/engine.md)
+        "warnings": run_warnings(result.requests, *window),
     }
     if staged is not None:
         write_outputs(staged.path, cfg, summary, result, hw)
@@ -195,7 +188,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any RunConfig field by dotted key, e.g. engine.admission=first_chunk or "
                         "workload_overrides.path=FILE (repeatable)")
-    p.add_argument("--out", type=Path, help="directory for summary.json, requests.csv and config.yaml "
+    p.add_argument("--out", help="directory for summary.json, requests.csv and config.yaml "
                    "(default: none; without --out nothing is written, the summary is only printed)")
 
 
@@ -232,8 +225,9 @@ def build_config(args: argparse.Namespace) -> RunConfig:
 
 
 def main(args: argparse.Namespace) -> int:
+    out = named_path(args.out)
     cfg = build_config(args)
-    summary = simulate(cfg, args.out)
+    summary = simulate(cfg, out)
     keys = ("completed", "rejected", "output_throughput_tok_s", "request_throughput", "ttft_mean_s", "ttft_p99_s",
             "tpot_mean_s", "e2e_mean_s", "peak_kv_usage", "mean_kv_usage", "preemptions", "waited_for_memory",
             "mean_accepted_len", "num_steps", "latency_source")
@@ -241,8 +235,10 @@ def main(args: argparse.Namespace) -> int:
     for k in keys:
         v = summary[k]
         print(f"{k:<{width}}  {v:.6g}" if isinstance(v, float) else f"{k:<{width}}  {v}")
-    if args.out:
-        print(f"wrote {os.fspath(args.out)}/summary.json, requests.csv, config.yaml"
+    for warning in summary["warnings"]:
+        print(f"specsim run: warning: {warning}", file=sys.stderr)
+    if out is not None:
+        print(f"wrote {os.fspath(out)}/summary.json, requests.csv, config.yaml"
               + (", steps.csv, step_state.csv, events.csv" if cfg.trace_steps else ""))
     else:
         print("no files written: add --out DIR to keep summary.json, requests.csv and config.yaml", file=sys.stderr)

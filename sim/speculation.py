@@ -8,7 +8,7 @@ passes, no MTP attention layer in the KV pool, no lookahead slots in the conv st
 """
 from __future__ import annotations
 
-from core.config import ConfigError, ModelConfig, PolicyConfig, RunConfig
+from core.config import ConfigError, ModelConfig, PolicyConfig, RunConfig, load_policy
 
 NO_SPECULATION = "none"
 
@@ -36,3 +36,8 @@ def speculating_model(model: ModelConfig, policy: PolicyConfig) -> ModelConfig:
     if policy.mamba_state_commit == NO_SPECULATION and model.mtp_depth:
         return model.model_copy(update={"mtp_depth": 0})
     return model
+
+
+def speculates(policy: str) -> bool:
+    """Whether the policy of this name (or YAML path) drafts at all."""
+    return load_policy(policy).mamba_state_commit != NO_SPECULATION

@@ -29,10 +29,12 @@ from typing import Any
 from tqdm import tqdm
 
 from core.config import CONFIG_DIR, REPO_ROOT, ConfigError, RunConfig, parse_set
-from core.files import FolderLock, atomic_write_text
+from core.files import atomic_write_text, named_path
+from core.folder_lock import FolderLock
 from sim.code_version import code_version
 from sim.sweep_executors import Point, Simulate, connect_dask, run_dask, run_local
 from sim.grid import Grid, load_grid
+from sim.startup_checks import check_points
 
 STATUSES = ("ok", "failed", "infeasible")
 FAILED_SHOWN = 10  # failed points named on the terminal; points.csv has them all
@@ -188,6 +190,7 @@ def run_sweep(
             client = connect_dask(dask_scheduler)
             stack.callback(client.close)
         data = prepare(configs)  # a bad workload fails here, before anything is written
+        check_points(configs)  # and a configuration vLLM would refuse
         point_dir = out_dir / "points"
         point_dir.mkdir(parents=True, exist_ok=True)
         for stale in point_dir.glob(".*.tmp"):  # left by a process killed mid-write (SIGKILL)
@@ -292,12 +295,35 @@ def _previous_calls(path: Path) -> list[dict[str, Any]]:
 def main(args: argparse.Namespace) -> int:
     grid = load_grid(args.grid, args.workload, model=args.model, hardware=args.hardware, sets=parse_sets(args.set))
     configs = grid.points(args.workload)
-    out = Path(args.out) if args.out else REPO_ROOT / "results" / "sweeps" / Path(args.workload).stem
+    out = named_path(args.out) or REPO_ROOT / "results" / "sweeps" / Path(args.workload).stem
     check_jobs(args.jobs)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a folder; choose a folder path")
     with FolderLock(out):
+        check_same_sweep(out, _identity(args, grid, data_file(configs[0])))
         return _sweep_into(args, grid, configs, out)
+
+
+def _identity(args: argparse.Namespace, grid: Grid, data: dict[str, str] | None) -> dict[str, Any]:
+    """What makes a folder's sweep the same sweep: its points and the data behind them."""
+    return {"workload": args.workload, "grid_fixed": grid.fixed, "grid_axes": grid.axes, "data_file": data}
+
+
+def check_same_sweep(out: Path, identity: dict[str, Any]) -> None:
+    """A folder holds one sweep: a rerun resumes it, another grid would replace its points.csv
+    and leave its points beside the new ones."""
+    try:
+        earlier = json.loads((out / "sweep.json").read_text())
+    except (OSError, ValueError):
+        return  # a new folder, or a first call that did not finish
+    if not isinstance(earlier, dict):
+        return
+    same = {k: earlier.get(k) for k in identity}
+    if json.dumps(same, sort_keys=True) != json.dumps(identity, sort_keys=True, default=str):
+        differ = ", ".join(k for k in identity if json.dumps(same[k], sort_keys=True)
+                           != json.dumps(identity[k], sort_keys=True, default=str))
+        raise ConfigError(f"--out {out}: holds another sweep (its sweep.json differs in {differ}); allowed: that "
+                          f"sweep's own command, `{earlier.get('command', '?')}`, or another --out")
 
 
 def _sweep_into(args: argparse.Namespace, grid: Grid, configs: list[RunConfig], out: Path) -> int:
@@ -341,6 +367,11 @@ def _sweep_into(args: argparse.Namespace, grid: Grid, configs: list[RunConfig], 
         + f"\nwrote {out / 'points.csv'}",
         file=sys.stderr,
     )
+    warned = [r for r in result.records if r["status"] == "ok" and r["summary"].get("warnings")]
+    if warned:
+        print(f"specsim sweep: warning: {len(warned)} point(s) ran but {warned[0]['summary']['warnings'][0]} (first: "
+              f"{point_label(warned[0]['config'], grid.axes)}); the warnings column of points.csv names each",
+              file=sys.stderr)
     failed = [r for r in result.records if r["status"] == "failed"]
     for r in failed[:FAILED_SHOWN]:
         print(f"failed: {point_label(r['config'], grid.axes)}: {r['error']}", file=sys.stderr)

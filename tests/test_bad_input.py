@@ -4,6 +4,7 @@ trees, lengths above the model's maximum, and a configuration no request can fit
 import pytest
 
 import sim.run as run_mod
+import sim.startup_checks as startup_checks
 import sim.sweep as sweep
 from core.files import read_text
 from sim.cli import main as cli
@@ -146,8 +147,9 @@ def test_malformed_tree(tree, capsys, no_simulation):
 
 
 def test_tree_no_request_can_fit_is_an_error_before_simulating(capsys, no_simulation):
-    err = one_line_error(["run", "--tree", "100,100,100", "--num-requests", "4"], capsys)
-    assert "state 3,030,306 with tree 100,100,100" in err and "vLLM refuses to start here" in err
+    # 3,616 verify positions fit the token budget; store_all's 3,616 states a GDN group do not fit the pool
+    err = one_line_error(["run", "--tree", "15,15,15", "--num-requests", "4"], capsys)
+    assert "state 10,851 with tree 15,15,15" in err and "vLLM refuses to start here" in err
     assert "draft a smaller tree" in err
 
 
@@ -193,7 +195,7 @@ def test_a_calibration_folder_missing_a_required_table_is_one_line(tmp_path, mon
     row = {c: 1 for c in COLUMNS} | {"mode": "graph", "ctx": 0, "us": 20.0}
     (mdir / "gdn.csv").write_text(",".join(COLUMNS) + "\n" + ",".join(str(row[c]) for c in COLUMNS) + "\n")
     h200 = load_hardware("h200").model_copy(update={"calibration_dir": str(tmp_path)})
-    monkeypatch.setattr(run_mod, "load_hardware", lambda name: h200)
+    monkeypatch.setattr(startup_checks, "load_hardware", lambda name: h200)
     err = one_line_error(["run", "--model", "qwen3.5-35b-a3b", "--hardware", "h200", "--num-requests", "2",
                           "--out", str(tmp_path / "out")], capsys)
     assert "no such calibration table" in err and ".csv" in err

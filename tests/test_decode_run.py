@@ -52,7 +52,7 @@ CASES = {
                      "num_requests": 400},
     "preempt-replay": {"policy": "replay", "engine": {"gmu": 0.6}, "client": {"max_concurrency": 256},
                        "num_requests": 400},
-    "budget": {"engine": {"max_num_batched_tokens": 300, "enable_prefix_caching": False},
+    "budget": {"engine": {"max_num_batched_tokens": 300, "max_num_seqs": 128, "enable_prefix_caching": False},
                "client": {"max_concurrency": 128}},
     "poisson": {"client": {"request_rate": 6.0}, "num_requests": 150},
     "round-trip": {"client": {"max_concurrency": 8, "round_trip_s": 0.01, "tokenize_s_per_token": 1e-5}},

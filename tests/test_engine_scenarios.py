@@ -40,7 +40,8 @@ def setup(policy="store_all", widths=(1, 1, 1), mtp_depth=None, engine=OLD):
     model = load_model("qwen3.5-35b-a3b")
     if mtp_depth is not None:
         model = model.model_copy(update={"mtp_depth": mtp_depth})
-    pol = make_policy(model, load_policy(policy, {"draft_tree_widths": list(widths)}))
+    tree = {"draft_tree_widths": list(widths)} if policy != "none" else {}  # none drafts nothing
+    pol = make_policy(model, load_policy(policy, tree))
     budget = memory_budget(model, load_hardware("h200"), engine)
     return model, pol, block_layout(model, pol, budget.pool_bytes, engine), budget.pool_bytes
 

@@ -229,3 +229,23 @@ def test_workload_output_cap_and_resample():
     assert [r.output_tokens for r in again.requests] == out.tolist()  # seeded
     with pytest.raises(ConfigError, match="output_cap"):
         load_workload("synthetic-fixed", 10, 0, {"output_cap": 0})
+
+
+@pytest.mark.timeout(60)  # the bug it guards against made the engine loop for ever
+@pytest.mark.parametrize("engine", [SYNC, ASYNC], ids=["sync", "async"])
+def test_a_step_that_preempts_admits_nobody(engine):
+    # Old vLLM's first-chunk admission with a 256-token budget: a running request that outgrows
+    # its block preempts the newest one, whose first chunk would fit the blocks it freed at once;
+    # the step that preempts leaves the waiting queue alone (vLLM's scheduler admits no new
+    # request once one was preempted), so the victim waits a step and the run ends.
+    _, _, layout, _ = setup()
+    b, state = layout.attn_block_tokens, layout.state_blocks
+    res, s = scenario(specs((b - 19, 200), (b + 10, 200), (b + 10, 200)), num_blocks=(1 + state) + (2 + state) + 1,
+                      accept=ACCEPT_ALL, engine=engine, admission="first_chunk", max_tokens=256)
+    kinds: dict[float, set[str]] = {}
+    for t, kind, _ in res.steps.events:
+        kinds.setdefault(t, set()).add(kind)
+    preempting = [t for t, k in kinds.items() if "preempt" in k]
+    assert len(preempting) == s["preemptions"] == 20  # one victim a step: first-chunk admission thrashes
+    assert all("admit" not in kinds[t] for t in preempting)
+    assert s["completed"] == 3

@@ -8,10 +8,10 @@ from latency_tables import make_tables  # pytest puts tests/ on the path
 
 @pytest.mark.parametrize("model,override", [("qwen3.5-35b-a3b-fp8", {}), ("qwen3.5-35b-a3b", {"weights": "fp8"})])
 def test_fp8_tables_make_an_fp8_run_calibrated(tmp_path, monkeypatch, model, override):
-    from sim import run
+    from sim import run, startup_checks
 
     hw = load_hardware("h200").model_copy(update={"calibration_dir": str(tmp_path)})
-    monkeypatch.setattr(run, "load_hardware", lambda name: hw)
+    monkeypatch.setattr(startup_checks, "load_hardware", lambda name: hw)
     cfg = RunConfig(model=model, model_overrides=override, num_requests=12, client={"max_concurrency": 4})
     assert run.simulate(cfg)["latency_source"] == "analytic"  # no FP8 folder yet
     make_tables(tmp_path, model="qwen3.5-35b-a3b")  # the bf16 checkpoint's tables never price the FP8 one

@@ -81,7 +81,7 @@ def test_mtp_and_align_lines_for_qwen35(capsys):
 @pytest.mark.parametrize("args,msg", [
     (["--kv-cache-memory-gib", "-1"], "--kv-cache-memory-gib must be a positive number"),
     (["--tensor-parallel", "0"], "tensor_parallel: Input should be greater than 0"),
-    (["--num-speculative-tokens", "2", "--tree", "1,1,1"], "drafts only 2 tokens"),
+    (["--num-speculative-tokens", "2", "--tree", "1,1,1"], "drafts only mtp_depth = 2 tokens"),
 ])
 def test_bad_values_exit_2_naming_the_field(capsys, args, msg):
     rc, _, err = run(capsys, "memory", "--model", "qwen3.5-35b-a3b", "--kv-cache-memory-gib", "10", *args)

@@ -130,3 +130,42 @@ def test_a_block_fp8_checkpoint_imports_as_fp8_weights():
     m = ModelConfig.model_validate(imp.data)
     assert m.weights == "fp8" and m.calibration_name == "qwen3.5-35b-a3b-fp8"
     assert m.weight_bytes_per_gpu < 0.55 * ModelConfig.model_validate({**imp.data, "weights": "bf16"}).weight_bytes_per_gpu
+
+
+def _text(cfg: dict) -> dict:
+    return cfg.get("text_config", cfg)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("num_hidden_layers", 0), ("num_hidden_layers", -4), ("num_hidden_layers", 40.5), ("num_hidden_layers", "40"),
+    ("hidden_size", 0), ("linear_num_value_heads", -32), ("num_attention_heads", True), ("num_experts", 0),
+    ("moe_intermediate_size", 512.0), ("vocab_size", None), ("head_dim", 0), ("mtp_num_hidden_layers", -1),
+])
+def test_counts_and_widths_that_are_not_positive_integers_are_one_line(key, value, tmp_path, capsys):
+    cfg = _hf("Qwen3.5-35B-A3B")
+    _text(cfg)[key] = value
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert cli(["model", "import", str(path), "--name", "m", "--out", str(tmp_path / "m.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    if value is None:
+        assert f"{key} missing" in err
+    else:
+        least = 0 if key == "mtp_num_hidden_layers" else 1
+        assert f"{key} {json.dumps(value)}: allowed: an integer >= {least}" in err, err
+    assert not (tmp_path / "m.yaml").exists()
+
+
+def test_a_shape_vllm_cannot_shard_is_one_line(tmp_path, capsys):
+    cfg = _hf("Qwen3.5-35B-A3B")
+    _text(cfg)["num_key_value_heads"] = 3  # does not divide the 16 query heads
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert cli(["model", "import", str(path), "--name", "m", "--out", str(tmp_path / "m.yaml")]) == 2
+    assert "num_kv_heads 3 does not divide num_q_heads 16" in capsys.readouterr().err
+    _text(cfg)["num_key_value_heads"] = 2
+    path.write_text(json.dumps(cfg))
+    assert cli(["model", "import", str(path), "--name", "m", "--tensor-parallel", "3", "--out",
+                str(tmp_path / "m.yaml")]) == 2
+    assert "tensor_parallel 3: vLLM cannot serve m on 3 GPUs" in capsys.readouterr().err

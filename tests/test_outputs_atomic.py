@@ -13,8 +13,9 @@ import pytest
 import sim.figures as figures
 import sim.run as run_mod
 import sim.sweep as sweep
-from core.files import FolderLock
+from core.folder_lock import FolderLock
 from sim.cli import main as cli
+from test_bad_input import one_line_error
 from test_sweep_run import fake_simulate, no_prepare
 
 GRID = """\
@@ -115,6 +116,26 @@ def test_sweep_with_failed_points_exits_1_and_names_them(tmp_path, fake_sweep, c
     assert "client.max_concurrency=64 policy=reconstruct seed=13" in err
     assert "4 point(s) failed" in err and "--retry-failed" in err
     assert (tmp_path / "s" / "points.csv").exists()  # the table is still written, failures included
+
+
+def test_a_sweep_of_another_grid_into_a_sweeps_folder_is_refused(tmp_path, fake_sweep, capsys):
+    out = tmp_path / "s"
+    assert cli([*fake_sweep, "--out", str(out)]) == 0
+    capsys.readouterr()
+    before = listing(out)
+    command = json.loads((out / "sweep.json").read_text())["command"]
+    for other in (["--model", "qwen3.5-397b-a17b"], ["--set", "engine.gmu=0.75"]):
+        err = one_line_error([*fake_sweep, *other, "--out", str(out)], capsys)
+        assert f"--out {out}: holds another sweep (its sweep.json differs in grid_fixed)" in err
+        assert f"allowed: that sweep's own command, `{command}`, or another --out" in err
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(GRID.replace("[1, 64]", "[1, 8, 64]"))
+    err = one_line_error([*fake_sweep, "--out", str(out)], capsys)
+    assert "differs in grid_axes" in err
+    assert listing(out) == before and leftovers(tmp_path) == []
+    grid.write_text(GRID)
+    assert cli([*fake_sweep, "--out", str(out)]) == 0  # the same sweep resumes
+    assert "(0 run, 4 cached)" in capsys.readouterr().err
 
 
 # -------------------------------------------------------------------- figures

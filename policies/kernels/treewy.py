@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from policies.base import TREEWY_MAX_POSITIONS
 from policies.kernels.chain_kernel import _chain_kernel
 from policies.kernels.commit_kernels import _commit_dot_kernel, _flush_kernel, _gather_path_kernel, _state_kernel
 from policies.kernels.fused_kernel import _fused_kernel
@@ -40,7 +41,7 @@ from policies.kernels.tuning import Tuning
 from policies.kernels.verify_kernels import _apply_kernel, _prep_kernel, _rows_kernel, _solve_kernel
 
 BC = 16  # positions per block: the smallest tl.dot tile
-MAX_POSITIONS = 128  # the ancestor mask is one [BT, BT] tile per tree
+MAX_POSITIONS = TREEWY_MAX_POSITIONS  # the ancestor mask is one [BT, BT] tile per tree
 ROWS_UNROLL_MAX = 16  # `_rows_kernel` unrolls its rows for trees of at most this many positions
 
 # GDN_TUNING="verify=rows,rows_max=4,commit=loop" reproduces run 2's defaults.
