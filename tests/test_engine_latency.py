@@ -1,5 +1,4 @@
 """The analytic (roofline) latency model and `make_latency_model`."""
-import math
 
 import pytest
 
@@ -27,16 +26,24 @@ def decode(seqs, vp=4, context=1000, eager=False, **kw):
 
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("policy", ["store_all", "reconstruct", "replay"])
-def test_every_term_is_finite_and_non_negative(model, policy):
+def test_every_term_is_priced_where_its_work_is(model, policy):
     lat = analytic(model, policy)
-    batches = [decode(1), decode(256, context=4000), decode(64, replay_tokens=64 * 6, flush_seqs=16),
-               StepBatch(num_seqs=8, prefill_tokens=8000, prefill_seqs=8, decode_seqs=0, spec_seqs=0,
-                         verify_positions=4, context_tokens=0, max_context=0, eager=True, draft_depth=3)]
-    for b in batches:
-        st = lat.step_time(b)
-        assert tuple(st.terms) == TERMS
-        assert all(v >= 0 and math.isfinite(v) for v in st.terms.values())
-        assert st.total_s > 0
+    one, big, flushing, prefill = (lat.step_time(b) for b in (
+        decode(1), decode(256, context=4000), decode(64, replay_tokens=64 * 6, flush_seqs=16),
+        StepBatch(num_seqs=8, prefill_tokens=8000, prefill_seqs=8, decode_seqs=0, spec_seqs=0,
+                  verify_positions=4, context_tokens=0, max_context=0, eager=True, draft_depth=3)))
+    single_gpu = load_model(model).tensor_parallel == 1
+    for st in (one, big, flushing, prefill):
+        assert tuple(st.terms) == TERMS and st.terms["overhead"] == STEP_OVERHEAD_S
+        assert (st.terms["allreduce"] == 0) is single_gpu  # no all-reduce on one GPU, two a layer on more
+        assert st.total_s == sum(st.terms.values())
+    assert prefill.terms["gdn_verify"] == prefill.terms["gdn_commit"] == 0  # a prefill verifies nothing
+    # 256 sequences at 4,000 tokens of context cost more than one at 1,000 in every term that carries tokens
+    assert all(big.terms[t] > one.terms[t] for t in ("drafter", "gdn", "gdn_verify", "attention", "moe", "lm_head"))
+    # commit: store_all's is an index update, reconstruct rebuilds every step, replay writes back when it flushes
+    commits = (one.terms["gdn_commit"], flushing.terms["gdn_commit"])
+    assert {"store_all": commits[0] == commits[1] == 0, "reconstruct": min(commits) > 0,
+            "replay": commits[0] == 0 < commits[1]}[policy]
 
 
 def test_moe_term_by_hand_one_token():

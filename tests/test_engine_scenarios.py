@@ -309,3 +309,13 @@ def test_invariants_hold_for_random_scenarios(lengths, policy, widths, spare_blo
     # plan, made while a step runs, may preempt a request that step admitted, at the same instant.
     assert not any(p.admitted and p.preempted for p in plans)
     assert s["preemptions"] == sum(1 for _, kind, _ in res.steps.events if kind == "preempt")
+
+
+@pytest.mark.parametrize("engine", [OLD, CURRENT], ids=["sync", "async"])
+def test_running_requests_never_exceed_max_num_seqs(engine):
+    # nine requests at once, room for four: the fifth is admitted only when one of the first four ends
+    res, s = scenario(specs(*[(100, 30 + 7 * i) for i in range(9)]), max_seqs=4, engine=engine)
+    running = [row[STEP_COLUMNS.index("running")] for row in res.steps.rows]
+    assert max(running) == 4 and s["completed"] == 9
+    first_end = min(r.finish_s for r in res.requests if r.rid < 4)
+    assert all(r.first_scheduled_s >= first_end for r in res.requests if r.rid >= 4)

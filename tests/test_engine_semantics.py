@@ -110,6 +110,24 @@ def test_drafts_truncated_to_the_budget(monkeypatch, engine, truncated):
     assert r[1].generated == 41 and r[1].spec_tokens <= 4 * r[1].spec_steps
 
 
+@pytest.mark.parametrize("engine", [SYNC, TRUNCATE], ids=["whole", "truncated"])
+def test_a_budget_of_exactly_the_verify_positions_verifies_the_whole_draft(engine):
+    # Budget 4 = 1 + 3 drafts: every decode verifies the whole chain, under either rule
+    res, _ = scenario(specs((3, 41)), accept=ACCEPT_ALL, max_tokens=4, engine=engine)
+    r = by_id(res)[0]
+    assert (r.spec_steps, r.spec_tokens, r.generated) == (10, 40, 41)
+
+
+def test_a_draft_cut_to_one_token_is_a_plain_decode(monkeypatch):
+    # Budget 5: request 0 verifies 1 + 3, the one token left is request 1's: no draft is left to verify
+    seen = plans(monkeypatch)
+    res, _ = scenario(specs((3, 41), (3, 41)), accept=ACCEPT_ALL, max_tokens=5, engine=TRUNCATE)
+    second = [(n, spec) for rid, start, n, total, spec in seen if rid == 1 and start == total - 1]
+    assert second[:10] == [(1, False)] * 10  # request 0's 10 verifies
+    r = by_id(res)[1]
+    assert r.generated == 41 and r.spec_tokens == 4 * r.spec_steps  # its verifies came after request 0 ended
+
+
 def test_a_tree_is_not_truncated():
     # A (3,3,3) tree of 40 positions never fits a budget of 30: plain decodes only.
     _, s = scenario(specs((20, 6)), widths=(3, 3, 3), max_tokens=30, accept=[[1.0]] * 3, engine=TRUNCATE)

@@ -111,6 +111,17 @@ def test_sampler_estimate_reproduces_the_other_anchor():
     assert SAMPLER_ANCHOR_BYTES == 8.5 * GiB
 
 
+def test_the_dummy_sampler_runs_one_row_per_dummy_request():
+    # vLLM's _dummy_run (v1/worker/gpu_model_runner.py): min(num_tokens, max_num_seqs) requests, one sampled
+    # row each; max_num_seqs above the token budget samples as many rows as tokens
+    m = load_model("qwen3.5-35b-a3b")
+    at_budget = estimated_sampler_bytes(m, 100, 100)
+    assert estimated_sampler_bytes(m, 100, 1024) == at_budget > estimated_sampler_bytes(m, 100, 99)
+    hidden = 100 * m.hidden_size * 2
+    per_row = (estimated_sampler_bytes(m, 100, 100) - estimated_sampler_bytes(m, 100, 50)) / 50
+    assert at_budget == pytest.approx(hidden + 100 * per_row, abs=1)
+
+
 def test_profile_peak_is_the_larger_phase_and_a_measurement_wins(tmp_path):
     m, hw = load_model("qwen3.5-35b-a3b"), load_hardware("h200")
     # Without a profile_peak.json (an empty calibration folder) the peak is the estimate.

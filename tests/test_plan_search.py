@@ -10,7 +10,7 @@ from sim.plan_candidates import Candidate, candidates
 from sim.plan_dense import dense_capacity, dense_rates
 from sim.plan_run import PlanSettings, best, run_plan
 from sim.plan_search import CapacitySearch, Probe, check_tolerance
-from sim.plan_slo import parse_slos
+from sim.plan_slo import parse_slo, parse_slos
 from sim.sweep import run_sweep
 
 BASE_TTFT = 0.1  # s, an idle engine's p99 TTFT in the stub
@@ -102,8 +102,9 @@ def test_results_do_not_depend_on_running_the_longer_runs_ahead(tmp_path):
 def test_a_rerun_runs_nothing_and_a_new_candidate_only_its_own_probes(tmp_path):
     s = settings()
     first = Counter(tmp_path)
-    run_plan(cands(gmus=(0.9,)), s, first, log=lambda line: None)
-    assert first.ran > 0
+    done = run_plan(cands(gmus=(0.9,)), s, first, log=lambda line: None)
+    assert all(r.status == "found" for r in done)
+    assert first.ran == sum(len(p.runs) for r in done for p in r.probes.values())  # each probe run once
     again = Counter(tmp_path)
     before = run_plan(cands(gmus=(0.9,)), s, again, log=lambda line: None)
     assert again.ran == 0 and again.cached == first.ran
@@ -247,3 +248,24 @@ def test_a_plan_on_a_dask_cluster_finds_what_the_process_pool_finds(tmp_path):
                              simulate=stub_simulate, prepare=no_prepare, progress=False).records
         remote = run_plan(cands(gmus=(0.9,)), s, on_dask, log=lambda line: None, slots=2)
     assert [(r.capacity, r.search.tried) for r in remote] == [(r.capacity, r.search.tried) for r in local]
+
+
+def test_a_metric_at_its_bound_meets_it():
+    slo = parse_slo("ttft_p99=2s")
+    assert slo.met({"ttft_p99_s": 2.0}) and not slo.met({"ttft_p99_s": 2.0 + 1e-9}) and not slo.met({})
+
+
+def test_the_verdict_is_the_longer_runs():
+    """The shorter run only decides a probe it breaks by more than the stability margin; within it,
+    the longer (confirming) run's values are the verdict."""
+    slo = parse_slo("ttft_p99=1s")
+    over_then_under = Probe(4.0, [slo], 100, 400, stability=0.1)
+    over_then_under.add(100, {"ttft_p99_s": 1.05})  # over the bound, within the margin: run 200 too
+    over_then_under.add(200, {"ttft_p99_s": 0.99})
+    v = over_then_under.verdict
+    assert v.met and v.num_requests == 200 and v.summary == {"ttft_p99_s": 0.99} and v.violated == ()
+    under_then_over = Probe(4.0, [slo], 100, 400, stability=0.1)
+    under_then_over.add(100, {"ttft_p99_s": 0.99})
+    under_then_over.add(200, {"ttft_p99_s": 1.05})
+    v = under_then_over.verdict
+    assert not v.met and v.num_requests == 200 and v.violated == ("ttft_p99",) and v.steady

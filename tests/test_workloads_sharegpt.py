@@ -171,3 +171,13 @@ def test_real_package_whole_file_and_cache(monkeypatch):
     assert "truncated" in w.source
     p50 = np.median([r.prompt_tokens for r in w.requests])
     assert 80 < p50 < 200  # ShareGPT first turns are short: about 128 cl100k tokens
+
+
+def test_each_length_limit_keeps_its_own_value():
+    """vLLM's is_valid_sequence (benchmarks/datasets.py): drops prompt_len < 4, output < 4,
+    prompt_len > 1024 and prompt + output > 2048, so each limit itself is kept."""
+    lim = Limits()
+    assert lim.keep(1024, 10) and not lim.keep(1025, 10)
+    assert lim.keep(4, 4) and not lim.keep(3, 4) and not lim.keep(4, 3)
+    assert lim.keep(1000, 1048) and not lim.keep(1000, 1049)
+    assert lim.keep(1024, 1, check_output=False) and not lim.keep(1024, 1025, check_output=False)
