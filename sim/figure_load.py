@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.figure_style import (NOT_RUN_MARKER, color, header, linestyle, log_ticks, marker, not_run_note,
-                              save_figure, short_model, why_not_run)
+from sim.figure_style import (NOT_RUN_MARKER, color, footnote, header, linestyle, log_ticks, marker, save_figure,
+                              short_model, why_not_run)
 import matplotlib.pyplot as plt  # noqa: E402  (after figure_style, which picks the file backend)
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import NullLocator  # noqa: E402
@@ -151,7 +151,7 @@ def _against_load(
     header(fig, f"{manifest.get('workload', '')}: {title}", handles)
     spread = (f"Policies at the same load are drawn side by side, {DODGE:.0%}"
               " of the axis apart, so equal values stay visible.")
-    fig.supxlabel("\n".join(textwrap.wrap(f"{explain} {spread}".strip(), 160)), fontsize=7)
+    caption = footnote(fig, df, f"{explain} {spread}".strip())
     save_figure(fig, fig_dir, stem)
     index = ["model", *facets, "engine.gmu", load]
     tables = []
@@ -162,8 +162,7 @@ def _against_load(
             f"policy (colour and marker; the no-speculation baseline `{NO_SPECULATION}` dashed where the grid has it). {explain + ' ' if explain else ''}{spread}")
     if marked:
         note += " An x on the load axis marks a point that did not run."
-    if caption := not_run_note(df):
-        note += " " + caption
+    note += " " + caption if caption else ""
     return Section(title, stem, note, tables)
 
 

@@ -6,13 +6,15 @@ and the table names the policy that wins. Drawn only when the grid crosses polic
 """
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
-import numpy as np
-import pandas as pd
+from sim.figure_style import header, marker
+import matplotlib.pyplot as plt  # noqa: E402  (after figure_style, which picks the file backend)
+from matplotlib.lines import Line2D  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 
-from core.config import RunConfig
-from sim.report import _flatten
-from sim.speculation import NO_SPECULATION
+from core.config import RunConfig  # noqa: E402
+from sim.report import _flatten  # noqa: E402
+from sim.speculation import NO_SPECULATION  # noqa: E402
 
 METRIC = "output_throughput_tok_s"
 STEM = "fig5_speculation"
@@ -62,17 +64,23 @@ def verdict_table(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def draw_speculation(table: pd.DataFrame, load_label: str | None) -> tuple[plt.Figure, list[plt.Axes]]:
-    """One panel per model: the speedup against load, one line per gmu, each point named by its winner."""
+    """One panel per model: the speedup against load, one line per gmu; each point's marker is its
+    winning policy's (text labels at close points covered one another)."""
     models = list(dict.fromkeys(table["model"]))
-    fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models), 3.4), squeeze=False, layout="constrained")
+    winners = list(dict.fromkeys(table["best policy"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models), 3.6), squeeze=False, layout="constrained")
     x = "load" if "load" in table else None
+    gmus = sorted(table["gmu"].unique())
+    lines = dict(zip(gmus, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     for ax, model in zip(axes[0], models):
         rows = table[table["model"] == model]
         for gmu, g in rows.groupby("gmu", sort=True):
             xs = g[x] if x else np.arange(len(g))
-            ax.plot(xs, g["speedup"], marker="o", label=f"gmu {gmu:g}")
-            for xv, yv, best in zip(xs, g["speedup"], g["best policy"]):
-                ax.annotate(best, (xv, yv), textcoords="offset points", xytext=(0, 5), ha="center", fontsize=6)
+            ax.plot(xs, g["speedup"], color=lines[gmu], lw=1.2, zorder=2)
+            for policy in winners:
+                won = (g["best policy"] == policy).to_numpy()
+                ax.scatter(np.asarray(xs)[won], g["speedup"][won], marker=marker(policy), s=36, color=lines[gmu],
+                           edgecolor="black", linewidth=0.5, zorder=3)
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
         if x:
             ax.set_xscale("log")
@@ -82,8 +90,10 @@ def draw_speculation(table: pd.DataFrame, load_label: str | None) -> tuple[plt.F
         ax.set_ylim(min(lo, 0.9), max(hi, 1.1) * 1.08)  # parity and the labels stay inside
         ax.set_ylabel("best speculating policy / none\n(output tok/s, >1x: speculation pays)")
         ax.set_title(model, fontsize=9)
-        ax.legend(fontsize=7)
-    fig.suptitle(TITLE, fontsize=11)
+    handles = [Line2D([], [], color=lines[g], lw=1.2, label=f"gmu {g:g}") for g in gmus]
+    handles += [Line2D([], [], color="grey", marker=marker(p), markeredgecolor="black", linestyle="none",
+                       label=f"{p} wins") for p in winners]
+    header(fig, TITLE, handles)
     return fig, list(axes[0])
 
 

@@ -84,7 +84,36 @@ def why_not_run(rows: pd.DataFrame) -> str:
     error = str(rows["error"].iloc[0])
     if m := re.search(r"([\d.]+ GiB) missing", error):
         return f"{status}: the weights and fixed memory do not fit ({m.group(1)} missing per GPU)"
-    return f"{status}: {textwrap.shorten(error, 90)}"
+    if m := re.search(r"one request of max_model_len ([\d,]+) tokens needs ([\d,]+) blocks .* the pool holds ([\d,]+)",
+                      error):
+        return (f"{status}: one request of max_model_len {m.group(1)} tokens needs {m.group(2)} blocks, the pool "
+                f"holds {m.group(3)}")
+    return f"{status}: {error.split('; ')[0]}"
+
+
+PRICINGS = {"calibrated": "the calibration tables", "analytic": "the analytic roofline (no tables)",
+            "mixed": "the calibration tables and, per term, other sources (report.md lists them)",
+            "derived": "tables scaled from another GPU", "config": "the configured step time"}
+
+
+def pricing_note(df: pd.DataFrame) -> str:
+    """Which pricing made the points drawn (each run's latency_source), for every figure's footnote."""
+    ok = df[df["status"] == "ok"]
+    if "latency_source" not in ok or ok.empty:
+        return ""
+    counts = ok["latency_source"].value_counts()
+    where = ", ".join(sorted(map(str, ok["hardware"].unique()))) if "hardware" in ok else ""
+    parts = [f"{PRICINGS.get(src, src)} ({n} points)" for src, n in counts.items()]
+    return f"Step prices{' on ' + where if where else ''}: " + "; ".join(parts) + "."
+
+
+def footnote(fig: plt.Figure, df: pd.DataFrame, text: str = "", width: int = 160) -> str:
+    """The figure's footnote: `text`, then the points that did not run and the pricing, which are
+    returned for the caption in report.md."""
+    added = " ".join(t for t in (not_run_note(df), pricing_note(df)) if t)
+    if note := " ".join(t for t in (text, added) if t):
+        fig.supxlabel("\n".join(textwrap.wrap(note, width)), fontsize=7)
+    return added
 
 
 def not_run_note(df: pd.DataFrame) -> str:

@@ -13,11 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import textwrap
 from pathlib import Path
 from typing import Any
 
-from sim.figure_style import NOT_RUN_MARKER, color, header, not_run_note, ratio_ticks, save_figure, short_model
+from sim.figure_style import NOT_RUN_MARKER, color, footnote, header, ratio_ticks, save_figure, short_model
 import matplotlib.pyplot as plt  # noqa: E402  (after figure_style, which picks the file backend)
 from matplotlib.patches import Patch  # noqa: E402
 import numpy as np  # noqa: E402
@@ -94,8 +93,7 @@ def fig_breakdown(df: pd.DataFrame, manifest: dict[str, Any], fig_dir: Path) -> 
             ax.set_title(f"{short_model(model)}: {label}\n({better} is better)", fontsize=9)
     handles = [Patch(color=CLASS_COLORS[c], alpha=0.55, label=CLASS_LABELS[c]) for c in CLASS_COLORS]
     header(fig, f"{manifest.get('workload', '')}: {title}", handles)
-    if caption := not_run_note(df):
-        fig.supxlabel("\n".join(textwrap.wrap(caption, 160)), fontsize=7)
+    caption = footnote(fig, df)
     save_figure(fig, fig_dir, "fig1_breakdown")
     return Section(title, "fig1_breakdown", note + (" " + caption if caption else ""), [("ratios by class", table)])
 
@@ -170,8 +168,7 @@ def fig_trees(df: pd.DataFrame, manifest: dict[str, Any], fig_dir: Path) -> Sect
         ax.set_xlabel("draft tree (widths per depth)", fontsize=8)
     handles = [Patch(color=color(p), label=p) for p in policies]
     header(fig, f"{manifest.get('workload', '')}: {title}", handles)
-    if caption := not_run_note(df):
-        fig.supxlabel("\n".join(textwrap.wrap(caption, 120)), fontsize=7)
+    caption = footnote(fig, df, width=120)
     save_figure(fig, fig_dir, "fig4_trees")
     table = ok[groups + ["tree", "policy"] + [c for c, _, _ in metrics]].sort_values(groups, kind="stable")
     note = ("Top row: accepted length and state blocks per tree, which do not depend on gmu or load. Below, one "
@@ -188,8 +185,9 @@ def fig_speculation(df: pd.DataFrame, manifest: dict[str, Any], fig_dir: Path) -
     fig, axes = spec.draw_speculation(table, LOAD_LABELS.get(load_axis, load_axis))
     for ax in axes:
         ratio_ticks(ax)
+    caption = footnote(fig, df, width=120)
     save_figure(fig, fig_dir, spec.STEM)
-    return Section(spec.TITLE, spec.STEM, spec.note(table),
+    return Section(spec.TITLE, spec.STEM, spec.note(table) + (" " + caption if caption else ""),
                    [("per model and gmu", spec.verdict_table(table)), ("per point", table)])
 
 

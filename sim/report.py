@@ -283,7 +283,8 @@ def write_report(path: Path, df: pd.DataFrame, manifest: dict[str, Any], section
         "",
         f"- command: `{manifest.get('command', '?')}`",
         f"- code version: `{', '.join(manifest.get('code_versions', []))}` (hash of the simulator sources, configs and "
-        f"calibration tables); git `{manifest.get('git') or 'unknown'}`",
+        f"calibration tables); made from " + (f"git `{manifest['git']}`" if manifest.get("git") else
+                                              f"`{manifest.get('package', 'gdn-specsim')}`, outside a git checkout"),
         *([f"- workload data: `{data['path']}` (from {data['from']})"] if (data := manifest.get("data_file")) else []),
         "- engine semantics (docs/engine.md): " + ", ".join(
             f"{k} {'/'.join(map(str, dict.fromkeys(ok[c])))}" for k in ("async_scheduling", "truncate_drafts",

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from importlib import metadata
 from contextlib import ExitStack, closing
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import astuple, dataclass
@@ -46,6 +47,14 @@ def point_key(cfg: RunConfig, version: str) -> str:
     """`version`: the code version, plus the fingerprint of the point's workload data."""
     text = json.dumps(cfg.model_dump(mode="json"), sort_keys=True) + "\n" + version
     return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def package_version() -> str:
+    """The installed package and its version: what outputs made outside a git checkout come from."""
+    try:
+        return f"gdn-specsim {metadata.version('gdn-specsim')}"
+    except metadata.PackageNotFoundError:
+        return "gdn-specsim (not installed)"
 
 
 def git_describe() -> str:
@@ -354,6 +363,7 @@ def _sweep_into(args: argparse.Namespace, grid: Grid, configs: list[RunConfig], 
         "load_axis": grid.load_axis,
         "code_versions": sorted({r["code_version"] for r in result.records}),
         "git": git_describe(),
+        "package": package_version(),
         "points": len(result.records),
         **call,
         # Earlier calls on this folder, for the record of fresh and cached timings.

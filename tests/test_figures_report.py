@@ -211,3 +211,29 @@ def test_full_sharegpt_paper_sweep(tmp_path):
     small = df[(df["model"] == "qwen3.5-35b-a3b") & (df["status"] == "ok")]
     assert small["memory_bound"].any() and not small["memory_bound"].all()  # both classes occur
     assert len(list((out / "figures").glob("fig*.png"))) == 4 and "## Figure 1" in (out / "report.md").read_text()
+
+
+def test_outside_a_checkout_the_report_names_the_package_and_every_figure_its_pricing(tmp_path, monkeypatch):
+    monkeypatch.setattr(sweep, "git_describe", lambda: "")  # a copy without .git
+    out = sweep_and_draw(tmp_path, monkeypatch, GRID)
+    report = (out / "report.md").read_text()
+    assert f"made from `{sweep.package_version()}`, outside a git checkout" in report and "unknown" not in report
+    assert sweep.package_version().startswith("gdn-specsim ")
+    # each drawn figure's caption (its footnote) names the pricing of its points
+    assert report.count("Step prices on h200: the analytic roofline (no tables) (27 points).") == 3  # figures 1-3
+
+
+def test_the_speculation_figure_marks_each_winner_without_text_that_could_overlap():
+    import pandas as pd
+
+    from sim import figure_speculation as spec
+
+    table = pd.DataFrame({"model": ["m"] * 4, "gmu": [0.6, 0.6, 0.9, 0.9], "load": [64, 128, 64, 128],
+                          "speedup": [1.5, 1.51, 1.5, 1.52],
+                          "best policy": ["reconstruct", "replay", "reconstruct", "reconstruct_deferred"]})
+    fig, axes = spec.draw_speculation(table, "load")
+    assert not any(ax.texts for ax in axes)  # close points once carried labels that covered each other
+    labels = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert labels == ["gmu 0.6", "gmu 0.9", "reconstruct wins", "replay wins", "reconstruct_deferred wins"]
+    shapes = [h.get_marker() for h in fig.legends[0].legend_handles[2:]]
+    assert len(set(shapes)) == 3  # one marker shape per winning policy
