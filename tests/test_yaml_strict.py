@@ -68,18 +68,15 @@ def test_set_values_are_typed_strictly(capsys, no_simulation):
     assert "num_requests: Input should be a valid integer, got True" in err
 
 
-def test_a_grid_with_a_duplicate_axis_is_refused_before_anything_is_written(tmp_path, capsys, fake_sweep):
+@pytest.mark.parametrize("text, message", [
+    ("axes:\n  policy: [store_all]\n  policy: [replay]\n", "key 'policy' given twice"),
+    ("fixed: {num_requests: '4'}\naxes:\n  policy: [store_all]\n",
+     "num_requests: Input should be a valid integer, got '4'"),
+])
+def test_a_bad_grid_is_refused_before_anything_is_written(text, message, tmp_path, capsys, fake_sweep):
     grid = tmp_path / "g.yaml"
-    grid.write_text("axes:\n  policy: [store_all]\n  policy: [replay]\n")
+    grid.write_text(text)
     err = one_line_error(["sweep", "--workload", "synthetic-fixed", "--grid", str(grid),
                           "--out", str(tmp_path / "o")], capsys)
-    assert "key 'policy' given twice" in err
+    assert message in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.yaml"]
-
-
-def test_a_grid_value_of_the_wrong_type_names_the_point(tmp_path, capsys, fake_sweep):
-    grid = tmp_path / "g.yaml"
-    grid.write_text("fixed: {num_requests: '4'}\naxes:\n  policy: [store_all]\n")
-    err = one_line_error(["sweep", "--workload", "synthetic-fixed", "--grid", str(grid),
-                          "--out", str(tmp_path / "o")], capsys)
-    assert "num_requests: Input should be a valid integer, got '4'" in err
