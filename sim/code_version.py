@@ -9,6 +9,7 @@ modules, grids, example configs, and every calibration file the simulator does n
 from __future__ import annotations
 
 import hashlib
+from importlib import metadata
 from pathlib import Path
 
 from core.calibration_files import read_files
@@ -53,3 +54,11 @@ def code_version(hardware: str, root: Path = REPO_ROOT) -> str:
             h.update(path.read_bytes() + b"\0")
         _versions[(hardware, root)] = h.hexdigest()[:16]
     return _versions[(hardware, root)]
+
+
+def package_version() -> str:
+    """The installed package and its version: what outputs made outside a git checkout come from."""
+    try:
+        return f"gdn-specsim {metadata.version('gdn-specsim')}"
+    except metadata.PackageNotFoundError:
+        return "gdn-specsim (not installed)"

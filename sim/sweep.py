@@ -20,7 +20,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from importlib import metadata
 from contextlib import ExitStack, closing
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import astuple, dataclass
@@ -32,7 +31,7 @@ from tqdm import tqdm
 from core.config import CONFIG_DIR, REPO_ROOT, ConfigError, RunConfig, parse_set
 from core.files import atomic_write_text, named_path
 from core.folder_lock import FolderLock
-from sim.code_version import code_version
+from sim.code_version import code_version, package_version
 from sim.sweep_executors import Point, Simulate, connect_dask, run_dask, run_local
 from sim.grid import Grid, load_grid
 from sim.startup_checks import check_points
@@ -47,14 +46,6 @@ def point_key(cfg: RunConfig, version: str) -> str:
     """`version`: the code version, plus the fingerprint of the point's workload data."""
     text = json.dumps(cfg.model_dump(mode="json"), sort_keys=True) + "\n" + version
     return hashlib.sha256(text.encode()).hexdigest()[:20]
-
-
-def package_version() -> str:
-    """The installed package and its version: what outputs made outside a git checkout come from."""
-    try:
-        return f"gdn-specsim {metadata.version('gdn-specsim')}"
-    except metadata.PackageNotFoundError:
-        return "gdn-specsim (not installed)"
 
 
 def git_describe() -> str:

@@ -11,7 +11,7 @@ import pytest
 
 from core.config import ConfigError
 import sim.sweep as sweep
-from sim.code_version import code_version
+from sim.code_version import code_version, package_version
 from sim.cli import main as cli
 from sim.figures import make_figures
 from sim import readme
@@ -217,8 +217,8 @@ def test_outside_a_checkout_the_report_names_the_package_and_every_figure_its_pr
     monkeypatch.setattr(sweep, "git_describe", lambda: "")  # a copy without .git
     out = sweep_and_draw(tmp_path, monkeypatch, GRID)
     report = (out / "report.md").read_text()
-    assert f"made from `{sweep.package_version()}`, outside a git checkout" in report and "unknown" not in report
-    assert sweep.package_version().startswith("gdn-specsim ")
+    assert f"made from `{package_version()}`, outside a git checkout" in report and "unknown" not in report
+    assert package_version().startswith("gdn-specsim ")
     # each drawn figure's caption (its footnote) names the pricing of its points
     assert report.count("Step prices on h200: the analytic roofline (no tables) (27 points).") == 3  # figures 1-3
 
