@@ -170,11 +170,12 @@ def _merge(args: argparse.Namespace) -> int:
         old = provenance.read(target / "provenance.json")
         new_modes = {m for part in new.get("parts", []) for m in part.get("modes", [])}
         kept: dict[str, list[str]] = {}
+        kept_ops: dict[str, list[str]] = {}
         for f in d.iterdir():
-            if f.suffix == ".csv" and new_modes and (target / f.name).exists():
-                modes = _merge_csv(f, target / f.name, new_modes)
-                if modes:
-                    kept[f.name] = modes
+            if f.suffix == ".csv" and (target / f.name).exists():
+                by, values = _merge_csv(f, target / f.name, new_modes)
+                if values:
+                    (kept if by == "mode" else kept_ops)[f.name] = values
             elif f.suffix in (".csv",) or f.name in ("memory.json", "replay_summary.json", "replay_check.json",
                                                      "profile_peak.json", "kernels_provenance.json"):
                 shutil.copy2(f, target / f.name)
@@ -183,6 +184,8 @@ def _merge(args: argparse.Namespace) -> int:
                 part["device_time_s"] = args.device_time_s
             if kept:  # rows of modes this run did not measure stay, from the earlier parts
                 part["kept_rows_from_earlier_parts"] = kept
+            if kept_ops:  # host ops this run did not measure stay, from the earlier parts
+                part["kept_ops_from_earlier_parts"] = kept_ops
         for part in old.get("parts", []):
             for name, modes in kept.items():
                 if name.removesuffix(".csv") in part.get("jobs", {}):
@@ -202,9 +205,10 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
-def _merge_csv(src: Path, dst: Path, new_modes: set[str]) -> list[str]:
+def _merge_csv(src: Path, dst: Path, new_modes: set[str]) -> tuple[str, list[str]]:
     """Write src's rows to dst, keeping dst's rows of modes src's run did not measure (e.g. the
-    eager rows when only graph mode was re-measured); returns the kept modes. Columns are the
+    eager rows when only graph mode was re-measured), or in a table of host ops (`op`, no `mode`)
+    its rows of ops src's run did not measure; returns which ("mode" or "op") and the kept values. Columns are the
     union (a column only one side has is empty on the other side's rows)."""
     import csv
 
@@ -214,16 +218,22 @@ def _merge_csv(src: Path, dst: Path, new_modes: set[str]) -> list[str]:
     with dst.open(newline="") as f:
         r = csv.DictReader(f)
         old_cols, old_rows = list(r.fieldnames or []), list(r)
-    if "mode" not in cols or "mode" not in old_cols:
+    if new_modes and "mode" in cols and "mode" in old_cols:
+        by = "mode"
+        keep = [row for row in old_rows if row["mode"] not in new_modes]
+    elif "op" in cols and "op" in old_cols and "mode" not in old_cols:
+        by = "op"  # a host table: the ops a run did not measure (host-only runs capture no graphs) stay
+        new_ops = {row["op"] for row in rows}
+        keep = [row for row in old_rows if row["op"] not in new_ops]
+    else:
         shutil.copy2(src, dst)
-        return []
-    keep = [row for row in old_rows if row["mode"] not in new_modes]
+        return "", []
     cols += [c for c in old_cols if c not in cols]
     with dst.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols, restval="")
         w.writeheader()
         w.writerows(rows + keep)
-    return sorted({row["mode"] for row in keep})
+    return by, sorted({row[by] for row in keep})
 
 
 def _validate(args: argparse.Namespace) -> int:

@@ -249,8 +249,12 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                     end = None if left is None else time.perf_counter() + left / (len(groups) - gi)
                     if hard_end is not None:  # never past the global budget, whatever the split says
                         end = hard_end if end is None else min(end, hard_end)
-                    replay_group(ex, group, reps, warmup, end, gpu, rows, errors_, kernels, log,
-                                 on_progress=lambda: write_outputs(mdir, rows, HS.tables_probe_us(host_probes)), probe=probe, passes=passes)
+                    if reserve:  # the kernels whose launches the host tables time
+                        kernels.setdefault("host_tables", ex.kernel_sources())
+                    if not host_only:  # no replay_steps.csv or summary to overwrite a replay's with nothing
+                        replay_group(ex, group, reps, warmup, end, gpu, rows, errors_, kernels, log,
+                                     on_progress=lambda: write_outputs(mdir, rows, HS.tables_probe_us(host_probes)),
+                                     probe=probe, passes=passes)
                     if ex.graphs is not None:
                         log(f"[executor {gi + 1}] {len(ex.graphs)} graphs captured in {ex.graphs.capture_s:.1f} s")
                     del ex
