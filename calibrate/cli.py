@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import functools
 import json
 import os
@@ -22,6 +23,7 @@ from pathlib import Path
 from core.config import REPO_ROOT, ConfigError, load_hardware, load_model, load_policy, model_names
 from core.files import atomic_write_text
 from calibrate import provenance
+from core.tables import TABLES
 from calibrate.grid import ALL_JOBS, GRIDS, jobs_for_part
 
 
@@ -53,6 +55,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu", required=True)
     g.add_argument("--src", type=Path, required=True, help="a measurement root (holding <model>/) or a .tar.gz of one")
     g.add_argument("--device-time-s", type=float, default=None, help="device time the measuring call used (from the device tool)")
+    g.add_argument("--faster-of", default="", metavar="TABLES",
+                   help="comma list of tables (e.g. attn_decode,attn_prefill) that --src measured with another "
+                        "stand-in for the same vLLM kernel on the folder's grid: each shape keeps the faster row, "
+                        "its `kernel` column says which (calibrate/merge_faster.py)")
 
     v = sub.add_parser("validate", help="held-out interpolation error and whole-step error")
     v.add_argument("--gpu", required=True)
@@ -158,6 +164,9 @@ def _merge(args: argparse.Namespace) -> int:
         with tarfile.open(src) as t:
             t.extractall(dest, filter="data")
         src = dest / "calibration"
+    faster = {t.strip() for t in args.faster_of.split(",") if t.strip()}
+    if faster - set(TABLES):
+        raise ConfigError(f"--faster-of: unknown tables {sorted(faster - set(TABLES))}; valid: {', '.join(TABLES)}")
     mdirs = [d for d in sorted(src.iterdir()) if d.is_dir() and (d / "provenance.json").exists()]
     if not mdirs:
         raise ConfigError(f"--src {args.src}: no <model>/provenance.json inside")
@@ -171,8 +180,12 @@ def _merge(args: argparse.Namespace) -> int:
         new_modes = {m for part in new.get("parts", []) for m in part.get("modes", [])}
         kept: dict[str, list[str]] = {}
         kept_ops: dict[str, list[str]] = {}
+        faster_of: dict[str, dict] = {}
         for f in d.iterdir():
-            if f.suffix == ".csv" and (target / f.name).exists():
+            if f.stem in faster and (target / f.name).exists():
+                taken = _merge_faster(f, target / f.name, new_modes, old.get("parts", []), new.get("parts", []))
+                faster_of[f.name] = {"rows_from_this_part": taken}
+            elif f.suffix == ".csv" and (target / f.name).exists():
                 by, values = _merge_csv(f, target / f.name, new_modes)
                 if values:
                     (kept if by == "mode" else kept_ops)[f.name] = values
@@ -186,6 +199,8 @@ def _merge(args: argparse.Namespace) -> int:
                 part["kept_rows_from_earlier_parts"] = kept
             if kept_ops:  # host ops this run did not measure stay, from the earlier parts
                 part["kept_ops_from_earlier_parts"] = kept_ops
+            if faster_of:  # shapes this stand-in timed faster than the folder's (the rest stay)
+                part["faster_of"] = faster_of
         for part in old.get("parts", []):
             for name, modes in kept.items():
                 if name.removesuffix(".csv") in part.get("jobs", {}):
@@ -205,12 +220,32 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _merge_faster(src: Path, dst: Path, new_modes: set[str], old_parts: list[dict], new_parts: list[dict]) -> int:
+    """dst keeps, shape by shape, whichever of its rows and src's timed faster (calibrate.merge_faster)."""
+    from calibrate.merge_faster import faster_rows, kernel_label
+
+    def raw(path: Path) -> list[dict]:  # the rows as written: measured text is never re-formatted
+        with path.open(newline="") as f:
+            return list(csv.DictReader(f))
+
+    table = src.stem
+    rows, taken = faster_rows(table, raw(dst), raw(src), new_modes or {"graph"},
+                              kernel_label(old_parts, table), kernel_label(new_parts, table))
+    cols = list(rows[0]) + [c for r in rows for c in r if c not in rows[0]]
+    tmp = dst.with_suffix(".csv.tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(cols)), restval="")
+        w.writeheader()
+        w.writerows(rows)
+    tmp.replace(dst)
+    return taken
+
+
 def _merge_csv(src: Path, dst: Path, new_modes: set[str]) -> tuple[str, list[str]]:
     """Write src's rows to dst, keeping dst's rows of modes src's run did not measure (e.g. the
     eager rows when only graph mode was re-measured), or in a table of host ops (`op`, no `mode`)
-    its rows of ops src's run did not measure; returns which ("mode" or "op") and the kept values. Columns are the
-    union (a column only one side has is empty on the other side's rows)."""
-    import csv
+    its rows of ops src's run did not measure; returns which ("mode" or "op") and the kept values.
+    Columns are the union (a column only one side has is empty on the other side's rows)."""
 
     with src.open(newline="") as f:
         r = csv.DictReader(f)

@@ -2,6 +2,8 @@
 tables) that the merged run did not measure stay; everything it measured is replaced."""
 import csv
 
+import pytest
+
 from calibrate.cli import _merge_csv
 
 
@@ -41,3 +43,27 @@ def test_a_table_with_neither_is_replaced_whole(tmp_path):
     _write(new, [{"tokens": 1, "us": 4}])
     assert _merge_csv(new, old, {"graph"}) == ("", [])
     assert [r["us"] for r in _read(old)] == ["4"]
+
+
+def test_faster_of_keeps_each_shape_from_the_faster_stand_in():
+    from calibrate.merge_faster import faster_rows
+    cur = [{"mode": "graph", "B": "1", "P": "4", "ctx": "4096", "us": "95.6"},
+           {"mode": "graph", "B": "64", "P": "4", "ctx": "4096", "us": "135.7"},
+           {"mode": "eager", "B": "1", "P": "4", "ctx": "4096", "us": "300"}]
+    new = [{"mode": "graph", "B": "1", "P": "4", "ctx": "4096.0", "us": "21.5"},
+           {"mode": "graph", "B": "64", "P": "4", "ctx": "4096", "us": "168.3"}]
+    rows, taken = faster_rows("attn_decode", cur, new, {"graph"}, "fa4", "triton")
+    assert taken == 1
+    assert [(r["us"], r.get("kernel")) for r in rows] == [("21.5", "triton"), ("135.7", "fa4"), ("300", None)]
+    # a second merge keeps each row's own label
+    again, _ = faster_rows("attn_decode", rows, cur[:2], {"graph"}, "x", "fa4")
+    assert [r.get("kernel") for r in again] == ["triton", "fa4", None]
+
+
+def test_faster_of_refuses_runs_on_different_grids():
+    from calibrate.merge_faster import faster_rows
+    from core.errors import ConfigError
+    cur = [{"mode": "graph", "tokens": "128", "ctx": "0", "us": "5"}]
+    new = [{"mode": "graph", "tokens": "256", "ctx": "0", "us": "4"}]
+    with pytest.raises(ConfigError, match="grids differ"):
+        faster_rows("attn_prefill", cur, new, {"graph"}, "a", "b")
