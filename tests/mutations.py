@@ -152,6 +152,10 @@ MUTATIONS = (
              "                                           engine.performance_mode)",
              "    vp, depth, sizes, full_ok = step_shape(model, policy, engine.max_num_seqs, engine.max_num_batched_tokens)",
              ("tests/test_performance_mode.py", "-k", "pads_to")),
+    Mutation("validate-acceptance-misnamed", "validation.json names another source as a case's acceptance",
+             "                \"acceptance_source\": summary[\"acceptance_source\"],",
+             "                \"acceptance_source\": summary[\"latency_source\"],",
+             ("tests/test_validate_real.py", "-k", "speculating")),
 )
 
 
