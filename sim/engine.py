@@ -57,7 +57,7 @@ class EngineResult:
 
 class Engine:
     def __init__(self, env: simpy.Environment, scheduler: Scheduler, latency: LatencyModel, policy: CommitPolicy,
-                 steps: StepLog, acceptance: AcceptanceModel | None) -> None:
+                 steps: StepLog, acceptance: AcceptanceModel | None, performance_mode: str = "balanced") -> None:
         """`acceptance`: the draws of a speculating run (None without speculation). Where the
         scheduler keeps a decode group, runs of decode steps advance at once (sim.decode_run)."""
         self.env = env
@@ -73,7 +73,7 @@ class Engine:
         self.prices = StepPrices(latency, steps, verify_positions=scheduler.verify_positions,
                                  draft_depth=self.draft_depth,
                                  sizes=capture_sizes(scheduler.max_seqs, scheduler.max_tokens,
-                                                     scheduler.verify_positions),
+                                                     scheduler.verify_positions, performance_mode=performance_mode),
                                  full_graph_ok=not policy.forces_eager())
         self.runs = DecodeRuns(scheduler, self.prices, steps) if scheduler.group is not None else None
         self.on_done = lambda req: None  # the client's callback for finished requests
@@ -289,7 +289,7 @@ def run_engine(specs: Sequence[RequestSpec], *, pool: Pool, policy: CommitPolicy
         if decode_group and not trace else None,
     )
     steps = StepLog(trace, pool.capacity)
-    sim = Engine(env, scheduler, latency, policy, steps, acceptance if spec_on else None)
+    sim = Engine(env, scheduler, latency, policy, steps, acceptance if spec_on else None, engine.performance_mode)
     times = [0.0] * len(specs) if arrivals is None else [float(t) for t in arrivals]
     requests = [Request(s, t) for s, t in zip(specs, times)]
     client = Client(env, requests, max_concurrency, sim.submit, round_trip_s, tokenize_s_per_token)
@@ -315,7 +315,9 @@ def run_engine(specs: Sequence[RequestSpec], *, pool: Pool, policy: CommitPolicy
         raise RuntimeError(f"simulation ended with {len(unfinished)} unfinished requests, e.g. {unfinished[0]}")
     # The benchmark's duration ends at the last response; a discarded async step may run past it.
     end = max((r.finish_s if r.finish_s is not None else r.send_s or 0.0 for r in requests), default=0.0)
-    semantics = {"async_scheduling": engine.async_scheduling, "truncate_drafts": scheduler.truncate_drafts,
+    semantics = {"performance_mode": engine.performance_mode, "max_num_batched_tokens": max_num_batched_tokens,
+                 "max_num_seqs": max_num_seqs, "cudagraph_max_size": max(sim.prices.sizes, default=0),
+                 "async_scheduling": engine.async_scheduling, "truncate_drafts": scheduler.truncate_drafts,
                  "mamba_cache_mode": mamba_mode, "align_block_tokens": align, "client_round_trip_s": round_trip_s,
                  "client_tokenize_s_per_token": tokenize_s_per_token}
     return EngineResult(requests, steps, end, pool, semantics, wall_s)

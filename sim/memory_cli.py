@@ -9,8 +9,8 @@ import argparse
 import json
 from typing import Any, get_args
 
-from core.config import (ConfigError, DType, EngineConfig, GiB, hardware_names, load_hardware, load_model, load_policy,
-                         model_names, validate)
+from core.config import (ConfigError, DType, EngineConfig, GiB, PerformanceMode, hardware_names, load_hardware,
+                         load_model, load_policy, model_names, validate)
 from policies import DraftTree, make_policy
 from sim.budget import served_model
 from sim.memory import memory_facts, pool_facts
@@ -38,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mamba-ssm-dtype", choices=list(get_args(DType)), default=None,
                    help="SSM state dtype (default: the model's, float32 for Qwen3.5)")
     p.add_argument("--kv-cache-dtype", choices=["bf16", "fp8"], default=None)
+    p.add_argument("--performance-mode", choices=list(get_args(PerformanceMode)), default=None,
+                   help="vLLM's --performance-mode: throughput doubles the default max_num_batched_tokens and "
+                        "max_num_seqs, so the profile run's peak (default: balanced)")
     p.add_argument("--tensor-parallel", type=int, default=None, help="tensor-parallel size (default: the model's)")
     p.add_argument("--vllm-version", default="current",
                    help="print vLLM's lines as this release does, e.g. 0.17.1 (the 'GPU KV cache size' formula "
@@ -59,6 +62,8 @@ def _engine(args: argparse.Namespace) -> EngineConfig:
         data.update(mamba_cache_mode=args.mamba_cache_mode, enable_prefix_caching=args.mamba_cache_mode == "align")
     if args.max_model_len is not None:
         data["max_model_len"] = args.max_model_len
+    if args.performance_mode:
+        data["performance_mode"] = args.performance_mode
     return validate(EngineConfig, data, "specsim memory flags")
 
 

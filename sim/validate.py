@@ -83,6 +83,8 @@ def validate_all(real: Path, out: Path, progress: bool = True,
                 "file": str(path), "source": case.source.model_dump(), "client": case.client.tool,
                 "summary": str(out / "runs" / case.name / "summary.json"),
                 "latency_source": summary["latency_source"], "latency_terms": summary["latency_terms"],
+                # a speculating case's accepted lengths, as `specsim run` draws them (sim.acceptance)
+                "acceptance_source": summary["acceptance_source"],
                 "client_overhead": {k: summary["engine_semantics"][f"client_{k}"]
                                     for k in ("round_trip_s", "tokenize_s_per_token")},
                 "metrics": {r["metric"]: {k: r[k] for k in ("real", "simulated", "ratio")} for r in case_rows},
