@@ -102,7 +102,7 @@ def _simulate(cfg: RunConfig, staged: StagedOutput | None) -> tuple[dict[str, An
         max_num_batched_tokens=limits.max_num_batched_tokens, max_num_seqs=limits.max_num_seqs, admission=eng.admission,
         arrivals=arrivals, max_concurrency=cfg.client.max_concurrency, trace=cfg.trace_steps,
         engine=eng, block_tokens=layout.attn_block_tokens, round_trip_s=cfg.client.round_trip_s,
-        tokenize_s_per_token=cfg.client.tokenize_s_per_token,
+        tokenize_s_per_token=cfg.client.tokenize_s_per_token, frontend=cfg.client.frontend,
     )
     summary = {
         "model": model.name, "weights": model.weights, "hardware": hw.name, "policy": cfg.policy, "tree": str(policy.tree),

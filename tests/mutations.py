@@ -35,6 +35,12 @@ class Mutation:
 
 
 MUTATIONS = (
+    Mutation("frontend-slices", "every output of a step processed before any stream writes (not slice by slice)",
+             "upto = min(outputs, (e.position // chunk + 1) * chunk)", "upto = outputs",
+             ("tests/test_frontend.py",)),
+    Mutation("frontend-not-fifo", "a job on the API server's loop starts when it arrives, busy or not",
+             "start = arrival if arrival > self.free_at else self.free_at", "start = arrival",
+             ("tests/test_frontend.py",)),
     Mutation("admission-first-chunk", "the whole-prompt admission check replaced by the first-chunk check",
              "check = pool.units_for(min(total, self.max_model_len)) if self.full_prompt else need",
              "check = need",
