@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import functools
 import json
 import os
@@ -22,6 +23,7 @@ from pathlib import Path
 from core.config import REPO_ROOT, ConfigError, load_hardware, load_model, load_policy, model_names
 from core.files import atomic_write_text
 from calibrate import provenance
+from core.tables import TABLES
 from calibrate.grid import ALL_JOBS, GRIDS, jobs_for_part
 
 
@@ -53,6 +55,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu", required=True)
     g.add_argument("--src", type=Path, required=True, help="a measurement root (holding <model>/) or a .tar.gz of one")
     g.add_argument("--device-time-s", type=float, default=None, help="device time the measuring call used (from the device tool)")
+    g.add_argument("--faster-of", default="", metavar="TABLES",
+                   help="comma list of tables (e.g. attn_decode,attn_prefill) that --src measured with another "
+                        "stand-in for the same vLLM kernel on the folder's grid: each shape keeps the faster row, "
+                        "its `kernel` column says which (calibrate/merge_faster.py)")
 
     v = sub.add_parser("validate", help="held-out interpolation error and whole-step error")
     v.add_argument("--gpu", required=True)
@@ -158,6 +164,9 @@ def _merge(args: argparse.Namespace) -> int:
         with tarfile.open(src) as t:
             t.extractall(dest, filter="data")
         src = dest / "calibration"
+    faster = {t.strip() for t in args.faster_of.split(",") if t.strip()}
+    if faster - set(TABLES):
+        raise ConfigError(f"--faster-of: unknown tables {sorted(faster - set(TABLES))}; valid: {', '.join(TABLES)}")
     mdirs = [d for d in sorted(src.iterdir()) if d.is_dir() and (d / "provenance.json").exists()]
     if not mdirs:
         raise ConfigError(f"--src {args.src}: no <model>/provenance.json inside")
@@ -170,11 +179,16 @@ def _merge(args: argparse.Namespace) -> int:
         old = provenance.read(target / "provenance.json")
         new_modes = {m for part in new.get("parts", []) for m in part.get("modes", [])}
         kept: dict[str, list[str]] = {}
+        kept_ops: dict[str, list[str]] = {}
+        faster_of: dict[str, dict] = {}
         for f in d.iterdir():
-            if f.suffix == ".csv" and new_modes and (target / f.name).exists():
-                modes = _merge_csv(f, target / f.name, new_modes)
-                if modes:
-                    kept[f.name] = modes
+            if f.stem in faster and (target / f.name).exists():
+                taken = _merge_faster(f, target / f.name, new_modes, old.get("parts", []), new.get("parts", []))
+                faster_of[f.name] = {"rows_from_this_part": taken}
+            elif f.suffix == ".csv" and (target / f.name).exists():
+                by, values = _merge_csv(f, target / f.name, new_modes)
+                if values:
+                    (kept if by == "mode" else kept_ops)[f.name] = values
             elif f.suffix in (".csv",) or f.name in ("memory.json", "replay_summary.json", "replay_check.json",
                                                      "profile_peak.json", "kernels_provenance.json"):
                 shutil.copy2(f, target / f.name)
@@ -183,6 +197,10 @@ def _merge(args: argparse.Namespace) -> int:
                 part["device_time_s"] = args.device_time_s
             if kept:  # rows of modes this run did not measure stay, from the earlier parts
                 part["kept_rows_from_earlier_parts"] = kept
+            if kept_ops:  # host ops this run did not measure stay, from the earlier parts
+                part["kept_ops_from_earlier_parts"] = kept_ops
+            if faster_of:  # shapes this stand-in timed faster than the folder's (the rest stay)
+                part["faster_of"] = faster_of
         for part in old.get("parts", []):
             for name, modes in kept.items():
                 if name.removesuffix(".csv") in part.get("jobs", {}):
@@ -202,11 +220,32 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
-def _merge_csv(src: Path, dst: Path, new_modes: set[str]) -> list[str]:
+def _merge_faster(src: Path, dst: Path, new_modes: set[str], old_parts: list[dict], new_parts: list[dict]) -> int:
+    """dst keeps, shape by shape, whichever of its rows and src's timed faster (calibrate.merge_faster)."""
+    from calibrate.merge_faster import faster_rows, kernel_label
+
+    def raw(path: Path) -> list[dict]:  # the rows as written: measured text is never re-formatted
+        with path.open(newline="") as f:
+            return list(csv.DictReader(f))
+
+    table = src.stem
+    rows, taken = faster_rows(table, raw(dst), raw(src), new_modes or {"graph"},
+                              kernel_label(old_parts, table), kernel_label(new_parts, table))
+    cols = list(rows[0]) + [c for r in rows for c in r if c not in rows[0]]
+    tmp = dst.with_suffix(".csv.tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(cols)), restval="")
+        w.writeheader()
+        w.writerows(rows)
+    tmp.replace(dst)
+    return taken
+
+
+def _merge_csv(src: Path, dst: Path, new_modes: set[str]) -> tuple[str, list[str]]:
     """Write src's rows to dst, keeping dst's rows of modes src's run did not measure (e.g. the
-    eager rows when only graph mode was re-measured); returns the kept modes. Columns are the
-    union (a column only one side has is empty on the other side's rows)."""
-    import csv
+    eager rows when only graph mode was re-measured), or in a table of host ops (`op`, no `mode`)
+    its rows of ops src's run did not measure; returns which ("mode" or "op") and the kept values.
+    Columns are the union (a column only one side has is empty on the other side's rows)."""
 
     with src.open(newline="") as f:
         r = csv.DictReader(f)
@@ -214,16 +253,22 @@ def _merge_csv(src: Path, dst: Path, new_modes: set[str]) -> list[str]:
     with dst.open(newline="") as f:
         r = csv.DictReader(f)
         old_cols, old_rows = list(r.fieldnames or []), list(r)
-    if "mode" not in cols or "mode" not in old_cols:
+    if new_modes and "mode" in cols and "mode" in old_cols:
+        by = "mode"
+        keep = [row for row in old_rows if row["mode"] not in new_modes]
+    elif "op" in cols and "op" in old_cols and "mode" not in old_cols:
+        by = "op"  # a host table: the ops a run did not measure (host-only runs capture no graphs) stay
+        new_ops = {row["op"] for row in rows}
+        keep = [row for row in old_rows if row["op"] not in new_ops]
+    else:
         shutil.copy2(src, dst)
-        return []
-    keep = [row for row in old_rows if row["mode"] not in new_modes]
+        return "", []
     cols += [c for c in old_cols if c not in cols]
     with dst.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols, restval="")
         w.writeheader()
         w.writerows(rows + keep)
-    return sorted({row["mode"] for row in keep})
+    return by, sorted({row[by] for row in keep})
 
 
 def _validate(args: argparse.Namespace) -> int:

@@ -72,17 +72,18 @@ class Executor(StepPrep, Forward, GDNCores):
                  max_context: int, max_num_seqs: int, max_num_batched_tokens: int, block_size: int,
                  kv_pool_bytes: int, mode: str = "vllm", kinds: list[str] | None = None,
                  shapes: LayerShapes | None = None, weights: Weights | None = None,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, performance_mode: str = "balanced") -> None:
         s = self.s = shapes or LayerShapes.from_model(model)
         self.device, self.log, self.model = device, log, model
         self.graphs = GraphCache() if device.type == "cuda" and mode != "eager" else None
         self.mode = mode if self.graphs is not None else "eager"
         self.kinds = kinds or model.layer_pattern * (model.num_layers // len(model.layer_pattern))
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.performance_mode = performance_mode  # the traced run's: it sets the capture sizes
         # Uniform-decode query length, drafter passes, capture sizes: what the simulator dispatched
         # the traced steps with (a policy of another shape needs another executor).
         self.positions, self.depth, self.sizes, _ = step_shape(model, make_policy(model, policy), max_num_seqs,
-                                                               max_num_batched_tokens)
+                                                               max_num_batched_tokens, performance_mode)
         cap = self.sizes[-1] if self.sizes else 0
         self.max_tokens = max(max_num_batched_tokens, cap) + 256  # room for --mode graph padding
         # A full graph pads requests: up to cap / positions, and under --mode graph up to 256 tokens more.
@@ -152,7 +153,7 @@ class Executor(StepPrep, Forward, GDNCores):
         """Run the GDN cores with this policy's kernels from now on. The dense pieces' graphs are
         kept (they do not depend on the policy); full graphs are keyed by policy."""
         shape = step_shape(self.model, make_policy(self.model, policy), self.max_num_seqs,
-                           self.max_num_batched_tokens)
+                           self.max_num_batched_tokens, self.performance_mode)
         if shape[:3] != (self.positions, self.depth, self.sizes):
             raise ValueError(f"policy {policy.name}: verify positions / drafter passes / capture sizes {shape[:3]} "
                              f"differ from this executor's {(self.positions, self.depth, self.sizes)}")

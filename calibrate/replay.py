@@ -166,7 +166,7 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                 seqs = run.engine.max_num_seqs or hw.max_num_seqs
                 tokens = run.engine.max_num_batched_tokens or hw.max_num_batched_tokens
                 pol = make_policy(model, run.policy)
-                key = (seqs, tokens, step_shape(model, pol, seqs, tokens)[:3],
+                key = (seqs, tokens, step_shape(model, pol, seqs, tokens, run.engine.performance_mode)[:3],
                        block_layout(model, pol, 1 << 40).attn_block_tokens)
                 groups.setdefault(key, []).append(run)
             varlen = "gdn" in kinds and not smoke and not host_only
@@ -198,7 +198,7 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                                   max_num_seqs=first.engine.max_num_seqs or hw.max_num_seqs,
                                   max_num_batched_tokens=first.engine.max_num_batched_tokens or hw.max_num_batched_tokens,
                                   block_size=lay.attn_block_tokens, kv_pool_bytes=kv_bytes, mode=mode, kinds=kinds,
-                                  shapes=shapes, log=log, weights=w)
+                                  shapes=shapes, log=log, weights=w, performance_mode=first.engine.performance_mode)
                     log(f"[executor {gi + 1}/{len(groups)}] runs {[r.name for r in group]}: block "
                         f"{lay.attn_block_tokens} tokens, {ex.num_blocks} blocks ({ex.kv_pool_bytes() / 2**30:.1f} GiB "
                         f"KV), capture sizes up to {ex.sizes[-1] if ex.sizes else 0}")
@@ -249,8 +249,12 @@ def replay(steps_paths: Sequence[Path], gpu: str, out: Path, *, smoke: bool = Fa
                     end = None if left is None else time.perf_counter() + left / (len(groups) - gi)
                     if hard_end is not None:  # never past the global budget, whatever the split says
                         end = hard_end if end is None else min(end, hard_end)
-                    replay_group(ex, group, reps, warmup, end, gpu, rows, errors_, kernels, log,
-                                 on_progress=lambda: write_outputs(mdir, rows, HS.tables_probe_us(host_probes)), probe=probe, passes=passes)
+                    if reserve:  # the kernels whose launches the host tables time
+                        kernels.setdefault("host_tables", ex.kernel_sources())
+                    if not host_only:  # no replay_steps.csv or summary to overwrite a replay's with nothing
+                        replay_group(ex, group, reps, warmup, end, gpu, rows, errors_, kernels, log,
+                                     on_progress=lambda: write_outputs(mdir, rows, HS.tables_probe_us(host_probes)),
+                                     probe=probe, passes=passes)
                     if ex.graphs is not None:
                         log(f"[executor {gi + 1}] {len(ex.graphs)} graphs captured in {ex.graphs.capture_s:.1f} s")
                     del ex

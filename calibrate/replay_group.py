@@ -15,9 +15,8 @@ from typing import Callable, Sequence
 
 from calibrate.replay_check import synthetic_steps, synthetic_traced
 from calibrate.replay_pick import flushes, spread_order
-from calibrate.replay_runs import Run, old_pricer
+from calibrate.replay_runs import Run, old_pricer, shape_columns
 from calibrate.replay_timing import BudgetSpent, async_steps, check_deadline, time_step, time_step_async
-from calibrate.step_layout import query_tokens
 
 PROGRESS_S = 5.0  # replay_steps.csv and the summary are rewritten at least this often
 INTERLEAVE_STEPS = 8  # steps of one run per turn (take_turns)
@@ -106,11 +105,7 @@ def _step_row(ex: object, run: Run, step: object, o: object, ts: list[float], as
               old: Callable[[object], float] | None) -> dict:
     """replay_steps.csv's row of one timed step."""
     return {"run": run.name, "step": step.step, "kind": step.kind or o.kind, "mode": o.mode,
-            "tokens": sum(query_tokens(r) for r in step.requests),
-            "padded_tokens": o.padded_tokens, "requests": len(step.requests),
-            "decodes": sum(1 for r in step.requests if r.prefill == 0),
-            "prefills": sum(1 for r in step.requests if r.prefill > 0),
-            "context_tokens": sum(r.context for r in step.requests),
+            **shape_columns(step), "padded_tokens": o.padded_tokens,
             "measured_us": async_us if run.meta.get("engine", {}).get("async_scheduling") else statistics.median(ts),
             "measured_sync_us": statistics.median(ts), "measured_async_us": async_us,
             "measured_sync_min_us": min(ts), "measured_sync_max_us": max(ts),

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from core.errors import ConfigError
 from core.config import EngineConfig, ModelConfig, PolicyConfig, load_hardware, load_model, load_policy
 
 
@@ -51,8 +52,20 @@ def old_pricer(run: Run, hw_name: str, log: Callable[[str], None]) -> Callable[[
         return None
 
 
+def shape_columns(step: object) -> dict[str, int]:
+    """replay_steps.csv's columns that say which step a row timed."""
+    from calibrate.step_layout import query_tokens
+
+    return {"tokens": sum(query_tokens(r) for r in step.requests), "requests": len(step.requests),
+            "decodes": sum(1 for r in step.requests if r.prefill == 0),
+            "prefills": sum(1 for r in step.requests if r.prefill > 0),
+            "context_tokens": sum(r.context for r in step.requests)}
+
+
 def reprice(rows: list[dict], runs: dict[str, Run], hw_name: str, log: Callable[[str], None]) -> None:
-    """Recompute predicted_us (the run's own pricing, today's tables) and old_predicted_us in place (CPU)."""
+    """Recompute predicted_us (the run's own pricing, today's tables) and old_predicted_us in place (CPU).
+    A steps file regenerated since the replay must hold the very steps it timed: a row whose step
+    differs in shape (tokens, requests, decodes, prefills, context) is refused, not re-priced."""
     from policies import make_policy
     from sim.latency_factory import make_latency_model
     from sim.step_trace import batch_of
@@ -65,6 +78,11 @@ def reprice(rows: list[dict], runs: dict[str, Run], hw_name: str, log: Callable[
         for r in rows:
             if r["run"] == name and int(r["step"]) in by_step:
                 s = by_step[int(r["step"])]
+                shape = shape_columns(s)
+                if any(int(float(r[k])) != v for k, v in shape.items()):
+                    raise ConfigError(f"--steps for run {name}: step {r['step']} is not the step replay_steps.csv "
+                                      f"timed ({ {k: r[k] for k in shape} } there, {shape} here): trace the run "
+                                      "with the commit and tables the replay's provenance names")
                 t = lat.step_time(batch_of(s, run.model, pol, run.engine))
                 r["predicted_us"] = t.total_s * 1e6
                 for k, v in t.terms.items():

@@ -67,8 +67,12 @@ def step_errors(mdir: Path, model: ModelConfig, hw: HardwareConfig) -> list[dict
     out = []
     # The stacked check times each op of an eager step with its own launch: the eager-sum pricing's
     # composition. The step executor's replay checks the pipeline pricing (calibrate/replay.py).
-    engine = EngineConfig(latency_pricing="eager_sum")
-    for r in read_rows(path, STEP_COLUMNS):
+    # A check of graph steps alone (tables measured with `--modes graph`, no eager rows to read)
+    # prices them with the pipeline, whose graph-step terms are the same sums of graph rows.
+    rows = read_rows(path, STEP_COLUMNS)
+    eager = any(r["mode"] == "eager" for r in rows)
+    engine = EngineConfig(latency_pricing="eager_sum") if eager else EngineConfig()
+    for r in rows:
         b, p, ctx = int(r["B"]), int(r["P"]), int(r["ctx"])
         cfg = load_policy("store_all", {"draft_tree_widths": [1] * max(1, p - 1)})
         policy = make_policy(model, cfg)

@@ -9,7 +9,7 @@ naming the file, the field path and what is allowed (pydantic's message lists th
 from __future__ import annotations
 
 from core.config_base import DTYPE_BYTES, DType, GiB, MiB
-from core.config_engine import EngineConfig
+from core.config_engine import EngineConfig, PerformanceMode
 from core.config_hardware import HardwareConfig
 from core.config_load import (CONFIG_DIR, REPO_ROOT, format_validation_error, hardware_names, load_hardware,
                               load_model, load_policy, model_names, parse_set, policy_names, read_yaml, validate,
@@ -21,6 +21,6 @@ from core.errors import ConfigError
 
 __all__ = ["CONFIG_DIR", "DTYPE_BYTES", "REPO_ROOT", "AttentionConfig", "ClientConfig", "ConfigError", "DType",
            "EngineConfig", "GDNConfig", "GiB", "HardwareConfig", "MLPConfig", "MeasureConfig", "MiB", "ModelConfig",
-           "MoEConfig", "PolicyConfig", "PolicyName", "RunConfig", "format_validation_error", "hardware_names",
-           "load_hardware", "load_model", "load_policy", "model_names", "parse_set", "policy_names", "read_yaml",
-           "validate", "yaml_problem"]
+           "MoEConfig", "PerformanceMode", "PolicyConfig", "PolicyName", "RunConfig", "format_validation_error",
+           "hardware_names", "load_hardware", "load_model", "load_policy", "model_names", "parse_set",
+           "policy_names", "read_yaml", "validate", "yaml_problem"]

@@ -8,10 +8,17 @@ from pydantic import Field, field_validator, model_validator
 from core.config_base import DTYPE_BYTES, Strict
 
 
+PerformanceMode = Literal["balanced", "interactivity", "throughput"]  # vLLM 0.17.1 config/vllm.py
+
+
 class EngineConfig(Strict):
     gmu: float = Field(0.9)
     max_num_batched_tokens: int | None = Field(None, gt=0)  # None: the hardware's default
     max_num_seqs: int | None = Field(None, gt=0)
+    # vLLM's --performance-mode (0.17.1; docs/vllm.md#performance-mode): "throughput" doubles the
+    # two defaults above (core.batch_limits), "interactivity" captures a CUDA graph at every batch
+    # size up to 32 tokens (sim.dispatch.capture_sizes)
+    performance_mode: PerformanceMode = "balanced"
     admission: Literal["full_prompt", "first_chunk"] = "full_prompt"  # vLLM 0.33 / older
     allocator: Literal["paged", "ideal"] = "paged"
     step_overhead_us: float | None = Field(None, ge=0)  # None: calibrated or the analytic default

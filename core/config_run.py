@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from core.config_base import Strict
 from core.config_engine import EngineConfig
+from core.config_frontend import FrontendCosts
 
 
 class ClientConfig(Strict):
@@ -24,6 +25,9 @@ class ClientConfig(Strict):
     # token on its one tokeniser thread. 0 by default: the engine alone, as the sweeps compare policies
     round_trip_s: float = Field(0.0, ge=0)
     tokenize_s_per_token: float = Field(0.0, ge=0)
+    # vLLM's API-server event loop as a server of its own (sim/frontend.py, docs/frontend.md): its
+    # costs, or the path of a measurement file; None: not modelled (the engine's clock is the client's)
+    frontend: FrontendCosts | None = None
 
     @model_validator(mode="after")
     def _constant_needs_rate(self) -> "ClientConfig":

@@ -20,6 +20,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from core.batch_limits import batch_limits
 from core.calibration_files import model_file
 from core.config import (CONFIG_DIR, REPO_ROOT, ConfigError, EngineConfig, GiB, HardwareConfig, MiB, ModelConfig,
                          load_model, validate)
@@ -131,8 +132,7 @@ def measured_profile_peak(model: ModelConfig, hw: HardwareConfig, max_tokens: in
 
 def profile_peak(model: ModelConfig, hw: HardwareConfig, engine: EngineConfig) -> tuple[int, int, int, str]:
     """(forward peak, sampler peak, profile-run peak, source) per GPU."""
-    max_tokens = engine.max_num_batched_tokens or hw.max_num_batched_tokens
-    max_seqs = engine.max_num_seqs or hw.max_num_seqs
+    max_tokens, max_seqs = batch_limits(engine, hw, model.max_model_len)
     if engine.activation_peak_mib is not None:
         act = int(engine.activation_peak_mib * MiB)
         return act, 0, act, "config"

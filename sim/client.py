@@ -13,7 +13,9 @@ measures them) and in a closed loop the next request reaches the engine that lon
 the previous one finished. Then the API server tokenises the prompt, `tokenize_s_per_token`
 per prompt token, on its one tokeniser thread (vLLM's `AsyncMicrobatchTokenizer` runs a
 single-thread executor): requests that arrive together wait for each other there.
-docs/guidellm.md#outside-the-engine says where the numbers come from.
+docs/guidellm.md#outside-the-engine says where the numbers come from. Where the API server's
+event loop is modelled (sim.frontend), a request also waits for that loop before its
+tokenisation (HTTP, validation, chat template) and after it (the engine request and its send).
 """
 from __future__ import annotations
 
@@ -22,13 +24,14 @@ from collections.abc import Callable, Generator, Sequence
 
 import simpy
 
+from sim.frontend import FrontendLoop
 from sim.request import Request
 
 
 class Client:
     def __init__(self, env: simpy.Environment, requests: Sequence[Request], max_concurrency: int | None,
                  send: Callable[[Request], bool], round_trip_s: float = 0.0,
-                 tokenize_s_per_token: float = 0.0) -> None:
+                 tokenize_s_per_token: float = 0.0, frontend: FrontendLoop | None = None) -> None:
         """`send` hands a request to the engine; False means the engine rejected it at once."""
         if max_concurrency is not None and max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency}")
@@ -43,6 +46,7 @@ class Client:
         self.round_trip_s = round_trip_s
         self.tokenize_s_per_token = tokenize_s_per_token
         self.tokenizer = simpy.Resource(env, capacity=1)  # the API server's tokeniser thread, FIFO
+        self.frontend = frontend if frontend is not None and frontend.takes_requests else None
         self.in_flight = 0
         self.queue: deque[Request] = deque()  # ready, waiting for a concurrency slot
 
@@ -61,18 +65,23 @@ class Client:
             req = self.queue.popleft()
             req.send_s = self.env.now
             self.in_flight += 1
-            if self.round_trip_s > 0 or self.tokenize_s_per_token > 0:
+            if self.round_trip_s > 0 or self.tokenize_s_per_token > 0 or self.frontend is not None:
                 self.env.process(self._deliver(req))
             elif not self._send(req):
                 self.in_flight -= 1
 
     def _deliver(self, req: Request) -> Generator[simpy.Event, None, None]:
+        env, front = self.env, self.frontend
         if self.round_trip_s > 0:
-            yield self.env.timeout(self.round_trip_s)
+            yield env.timeout(self.round_trip_s)
+        if front is not None and (done := front.intake(env.now, req.prompt)) > env.now:
+            yield env.timeout(done - env.now)
         if self.tokenize_s_per_token > 0:
             with self.tokenizer.request() as turn:
                 yield turn
-                yield self.env.timeout(req.prompt * self.tokenize_s_per_token)
+                yield env.timeout(req.prompt * self.tokenize_s_per_token)
+        if front is not None and (done := front.admit(env.now, req.prompt)) > env.now:
+            yield env.timeout(done - env.now)
         if not self._send(req):
             self.on_done(req)
 

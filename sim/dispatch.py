@@ -3,10 +3,11 @@
 The simulator and the GPU step executor both import it, so a traced step is replayed
 in the mode the simulator priced it in.
 
-Capture sizes (recent main): `[1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16)`
-with `max = min(max_num_seqs x (1 + k) x 2, 512)`, capped at `max_num_batched_tokens`;
-with speculative decoding every size is rounded up to a multiple of 1 + k and sizes
-that then exceed `max` are dropped (`adjust_cudagraph_sizes_for_spec_decode`).
+Capture sizes (vLLM 0.17.1, `VllmConfig._set_cudagraph_sizes`): `[1, 2, 4] + range(8, 256, 8)
++ range(256, max + 1, 16)` with `max = min(max_num_seqs x (1 + k) x 2, 512)`, capped at
+`max_num_batched_tokens`; `--performance-mode interactivity` replaces `[1, 2, 4]` by every size
+from 1 to `min(max, 32)`. With speculative decoding every size is rounded up to a multiple of
+1 + k and sizes that then exceed `max` are dropped (`adjust_cudagraph_sizes_for_spec_decode`).
 
 Dispatch: a *uniform decode* batch (every request decoding with exactly 1 + k query
 tokens) replays a FULL graph when its padded size was captured; any other batch whose
@@ -24,6 +25,7 @@ from typing import NamedTuple
 STEP_KINDS = ("uniform_decode", "mixed_graph", "mixed_eager", "prefill_only")
 GRAPH_MODES = ("full", "piecewise", "eager")
 CAPTURE_CAP = 512  # tokens: vLLM's largest capture size on SM90 (1024 on SM100)
+FINE_GRAINED_MAX = 32  # interactivity mode: a graph at every size up to this
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -32,10 +34,11 @@ def round_up(n: int, multiple: int) -> int:
 
 @lru_cache(maxsize=64)
 def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, query_len: int,
-                  cap: int = CAPTURE_CAP) -> tuple[int, ...]:
+                  cap: int = CAPTURE_CAP, performance_mode: str = "balanced") -> tuple[int, ...]:
     """Token counts vLLM captures graphs for; `query_len` = 1 + k (1 without speculation)."""
     top = min(max_num_seqs * query_len * 2, cap, max_num_batched_tokens)
-    base = [1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)]
+    small = range(1, min(top, FINE_GRAINED_MAX) + 1) if performance_mode == "interactivity" else (1, 2, 4)
+    base = [*small, *range(8, 256, 8), *range(256, top + 1, 16)]
     return tuple(sorted({round_up(s, query_len) for s in base if round_up(s, query_len) <= top}))
 
 

@@ -29,12 +29,15 @@ from dataclasses import dataclass
 import simpy
 
 from core.config import ConfigError, EngineConfig
+from core.config_frontend import FrontendCosts
 from policies import CommitPolicy
 from sim.acceptance import AcceptanceModel
 from sim.client import Client
 from sim.decode_group import DecodeGroup
 from sim.decode_run import DecodeRuns
 from sim.dispatch import capture_sizes
+from sim.frontend import FrontendLoop
+from sim.frontend_steps import candidates, serve, serve_run
 from sim.latency import LatencyModel, StepBatch
 from sim.metrics import StepLog
 from sim.pool import Pool
@@ -57,7 +60,7 @@ class EngineResult:
 
 class Engine:
     def __init__(self, env: simpy.Environment, scheduler: Scheduler, latency: LatencyModel, policy: CommitPolicy,
-                 steps: StepLog, acceptance: AcceptanceModel | None) -> None:
+                 steps: StepLog, acceptance: AcceptanceModel | None, performance_mode: str = "balanced") -> None:
         """`acceptance`: the draws of a speculating run (None without speculation). Where the
         scheduler keeps a decode group, runs of decode steps advance at once (sim.decode_run)."""
         self.env = env
@@ -73,10 +76,11 @@ class Engine:
         self.prices = StepPrices(latency, steps, verify_positions=scheduler.verify_positions,
                                  draft_depth=self.draft_depth,
                                  sizes=capture_sizes(scheduler.max_seqs, scheduler.max_tokens,
-                                                     scheduler.verify_positions),
+                                                     scheduler.verify_positions, performance_mode=performance_mode),
                                  full_graph_ok=not policy.forces_eager())
         self.runs = DecodeRuns(scheduler, self.prices, steps) if scheduler.group is not None else None
         self.on_done = lambda req: None  # the client's callback for finished requests
+        self.frontend: FrontendLoop | None = None  # the API server's loop between engine and client (sim.frontend)
         self._wake: simpy.Event | None = None
 
     def submit(self, req: Request) -> bool:
@@ -115,8 +119,12 @@ class Engine:
                 if plan is None:
                     continue  # every running request was preempted; readmit them now
             if runs is not None and not ran and not sched.waiting:
+                front, group = self.frontend, sched.group
+                served = (len(group.times), int(group.generated.sum())) if front is not None else None
                 delay = runs.advance(plan, env.now, env.peek())
                 if delay is not None:
+                    if served is not None:
+                        serve_run(front, group, *served)
                     yield env.timeout(delay)
                     ran = True
                     if not self.async_scheduling:
@@ -231,14 +239,22 @@ class Engine:
     def _complete(self, plan: StepPlan, now: float, following: StepPlan | None) -> None:
         """The step's outputs to the scheduler (`following`: the step planned while it ran);
         finished requests back to the client."""
-        for req in self.scheduler.update_from_output(plan, now, self._sample_traced if self.steps.trace else None,
-                                                     following):
+        front = self.frontend
+        placed = candidates(self.scheduler, plan) if front is not None else None
+        finished = self.scheduler.update_from_output(plan, now, self._sample_traced if self.steps.trace else None,
+                                                     following)
+        written = serve(front, placed, now, finished) if front is not None else {}
+        for req in finished:
             # A finished request keeps what the metrics read, and the few counters of its policy
             # state that a plan already made for it (async scheduling) still prices.
             req.acceptance = None
             if self.steps.trace:
                 self.steps.events.append((now, "finish", req.rid))
-            self.on_done(req)
+            at = written.get(req, now)
+            if at > now:  # the client learns of it when the API server's loop has written its last event
+                self.env.timeout(at - now).callbacks.append(lambda _, req=req: self.on_done(req))
+            else:
+                self.on_done(req)
 
 
 def run_engine(specs: Sequence[RequestSpec], *, pool: Pool, policy: CommitPolicy, latency: LatencyModel,
@@ -246,13 +262,15 @@ def run_engine(specs: Sequence[RequestSpec], *, pool: Pool, policy: CommitPolicy
                admission: str = "full_prompt", arrivals: Sequence[float] | None = None,
                max_concurrency: int | None = None, trace: bool = False, engine: EngineConfig | None = None,
                block_tokens: int | None = None, round_trip_s: float = 0.0,
-               tokenize_s_per_token: float = 0.0, decode_group: bool = True) -> EngineResult:
+               tokenize_s_per_token: float = 0.0, decode_group: bool = True,
+               frontend: FrontendCosts | None = None) -> EngineResult:
     """Simulate `specs` through one engine; `arrivals` are ready times (default: all at 0).
 
     `engine` supplies the vLLM behaviours (async scheduling, draft truncation, mamba
     cache mode; default: current vLLM's); `block_tokens` is the scheduler's block size
     for align mode (default: the paged pool's attention block); `round_trip_s` and
     `tokenize_s_per_token` the client's time outside the engine per request (sim.client);
+    `frontend` the API server's event loop's costs (sim.frontend; None: not modelled);
     `decode_group` False plans and processes every request on its own, one step at a time (the
     same results, slower: sim.decode_group, sim.decode_run); a traced run always does.
     """
@@ -289,10 +307,11 @@ def run_engine(specs: Sequence[RequestSpec], *, pool: Pool, policy: CommitPolicy
         if decode_group and not trace else None,
     )
     steps = StepLog(trace, pool.capacity)
-    sim = Engine(env, scheduler, latency, policy, steps, acceptance if spec_on else None)
+    sim = Engine(env, scheduler, latency, policy, steps, acceptance if spec_on else None, engine.performance_mode)
     times = [0.0] * len(specs) if arrivals is None else [float(t) for t in arrivals]
     requests = [Request(s, t) for s, t in zip(specs, times)]
-    client = Client(env, requests, max_concurrency, sim.submit, round_trip_s, tokenize_s_per_token)
+    sim.frontend = FrontendLoop(frontend) if frontend is not None else None
+    client = Client(env, requests, max_concurrency, sim.submit, round_trip_s, tokenize_s_per_token, sim.frontend)
     sim.on_done = client.on_done
     env.process(client.arrivals())
     env.process(sim.run())
@@ -315,7 +334,11 @@ def run_engine(specs: Sequence[RequestSpec], *, pool: Pool, policy: CommitPolicy
         raise RuntimeError(f"simulation ended with {len(unfinished)} unfinished requests, e.g. {unfinished[0]}")
     # The benchmark's duration ends at the last response; a discarded async step may run past it.
     end = max((r.finish_s if r.finish_s is not None else r.send_s or 0.0 for r in requests), default=0.0)
-    semantics = {"async_scheduling": engine.async_scheduling, "truncate_drafts": scheduler.truncate_drafts,
+    semantics = {"performance_mode": engine.performance_mode, "max_num_batched_tokens": max_num_batched_tokens,
+                 "max_num_seqs": max_num_seqs, "cudagraph_max_size": max(sim.prices.sizes, default=0),
+                 "async_scheduling": engine.async_scheduling, "truncate_drafts": scheduler.truncate_drafts,
                  "mamba_cache_mode": mamba_mode, "align_block_tokens": align, "client_round_trip_s": round_trip_s,
-                 "client_tokenize_s_per_token": tokenize_s_per_token}
+                 "client_tokenize_s_per_token": tokenize_s_per_token,
+                 "frontend": frontend.model_dump() if frontend is not None else None,
+                 "frontend_busy_s": sim.frontend.busy_s if sim.frontend is not None else None}
     return EngineResult(requests, steps, end, pool, semantics, wall_s)

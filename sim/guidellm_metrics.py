@@ -1,18 +1,29 @@
-"""guidellm's benchmark metrics, computed from a run's request log the way guidellm computes them.
+"""guidellm's benchmark metrics, computed from a run's request log the way guidellm 0.5.3 computes them.
 
-guidellm 0.5.3 (docs/guidellm.md): per request (`schemas/request_stats.py`), with `start` the
-moment the request was sent (after any wait for a concurrency slot), `first`/`last` the first
-and last streamed token and `n` the output tokens:
-- time to first token = first - start; request latency = end - start (end = the last token);
-- inter-token latency = (last - first) / (n - 1): the "time per output token, excluding the
-  first token" of GPUStack's tables;
-- time per output token = (last - start) / n (the first token's wait included).
-Distributions (`GenerativeMetrics.compile`, `DistributionSummary.from_values`) over successful
-requests: TTFT and latency one value per request; inter-token latency weighted by n - 1 and time
-per output token by n (per token, not per request). The mean is the weighted mean; a percentile
-p is the smallest value whose cumulative weight reaches p (`Percentiles.from_pdf`:
-`searchsorted(cdf, p, side="left")`), the median p = 0.5. Throughputs are totals over the
-benchmark's duration, from its start (the first send is 1 / rate after it) to the last response.
+Each rule's source is in docs/guidellm.md#metrics. Per request, `start` is the send (after any
+wait for a concurrency slot and for its due time: requests.csv's send_s), `first` and `last` the
+first and last streamed chunks the client's response handler counted, `end` the close of the
+stream, just after the last token (finish_s), and `n` the output tokens the server reports:
+- time to first token = first - start; request latency = end - start;
+- inter-token latency = (last - first) / (n - 1); time per output token = (last - start) / n.
+Distributions over successful requests: TTFT and latency one value per request; inter-token
+latency weighted by n - 1 and time per output token by n. The mean is the weighted mean; a
+percentile p is the smallest value whose cumulative weight reaches p, the median p = 0.5.
+
+The benchmark's duration runs from the first send of any request to the end of the last one
+(no warm-up or cool-down unless asked for). A throughput is the mean of a rate distribution,
+which comes to its events' total over the span from its first event to its last:
+- requests: one event at each successful request's end, the span pinned to the duration;
+- output tokens: events from each request's first counted chunk to its last counted one (all of
+  them at its only chunk if it counted one), so the span runs from the earliest first chunk of
+  the benchmark to the latest last chunk, not over the duration;
+- total tokens: the prompt's tokens one more event at the request's first chunk: the same span.
+These need only each request's first and last chunk: guidellm itself does not keep a stream's
+chunk times but spreads its events evenly between the two, and a total over a span depends on
+the span's ends alone. With every token counted the last chunk is the last token
+(`*_throughput_tok_s`); `*_throughput_first_chunk_tok_s` is the same rule where each request
+counted only its first chunk, as GPUStack's handler does for a request that thought for its
+whole output: the two bound the rates of a client that counted only the answers.
 """
 from __future__ import annotations
 
@@ -22,6 +33,9 @@ from typing import Any
 import numpy as np
 
 PERCENTILES = {"median": 0.5, "p95": 0.95, "p99": 0.99}
+# Events closer than this are merged into one before the rates are taken
+# (`rate_distribution_from_timings`, threshold 1e-4 s): a span that short has no rate.
+MERGE_S = 1e-4
 
 
 def weighted_summary(values: Iterable[float], weights: Iterable[float] | None = None) -> dict[str, float]:
@@ -45,20 +59,45 @@ def weighted_summary(values: Iterable[float], weights: Iterable[float] | None = 
     return out
 
 
-def guidellm_metrics(rows: Iterable[Mapping[str, Any]], duration_s: float) -> dict[str, float]:
+def span_rate(total: float, first_event_s: float, last_event_s: float) -> float:
+    """The mean of guidellm's rate distribution: the events' total over their span, 0 without one."""
+    span = last_event_s - first_event_s
+    return total / span if span > MERGE_S else 0.0
+
+
+def _times(rows: Iterable[Mapping[str, Any]], column: str) -> np.ndarray:
+    return np.array([float(r[column]) for r in rows], dtype=float)
+
+
+def benchmark_window(rows: Iterable[Mapping[str, Any]]) -> tuple[float, float]:
+    """(first send, last end) over every request sent: a rejected one ends where it was sent."""
+    sent = [r for r in rows if r["send_s"] not in ("", None)]
+    if not sent:
+        return 0.0, 0.0
+    ends = [float(r["finish_s"]) if r["finish_s"] not in ("", None) else float(r["send_s"]) for r in sent]
+    return float(_times(sent, "send_s").min()), max(ends)
+
+
+def guidellm_metrics(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     """The metrics GPUStack's tables print, from request rows (requests.csv's columns:
     status, send_s, first_token_s, finish_s, prompt_tokens, generated_tokens)."""
+    rows = list(rows)
     done = [r for r in rows if r["status"] == "finished"]
-    start = np.array([float(r["send_s"]) for r in done])
-    first = np.array([float(r["first_token_s"]) for r in done])
-    last = np.array([float(r["finish_s"]) for r in done])
+    start = _times(done, "send_s")
+    first = _times(done, "first_token_s")
+    last = _times(done, "finish_s")
     n = np.array([int(r["generated_tokens"]) for r in done])
     prompt = sum(int(r["prompt_tokens"]) for r in done)
-    out: dict[str, float] = {"successful_requests": float(len(done)), "duration_s": duration_s,
-                             "total_input_tokens": float(prompt), "total_output_tokens": float(n.sum())}
-    if duration_s > 0:
-        out.update(request_throughput=len(done) / duration_s, output_throughput_tok_s=n.sum() / duration_s,
-                   total_throughput_tok_s=(prompt + n.sum()) / duration_s)
+    out_tokens = float(n.sum())
+    begin, end = benchmark_window(rows)
+    duration = end - begin
+    out: dict[str, float] = {"successful_requests": float(len(done)), "duration_s": duration,
+                             "total_input_tokens": float(prompt), "total_output_tokens": out_tokens,
+                             "request_throughput": len(done) / duration if duration > 0 else 0.0}
+    if done:
+        for suffix, last_chunk in (("tok_s", last), ("first_chunk_tok_s", first)):
+            out[f"output_throughput_{suffix}"] = span_rate(out_tokens, first.min(), last_chunk.max())
+            out[f"total_throughput_{suffix}"] = span_rate(prompt + out_tokens, first.min(), last_chunk.max())
     multi = n > 1
     itl = (last[multi] - first[multi]) / (n[multi] - 1)
     tpot = (last - start) / np.maximum(n, 1)

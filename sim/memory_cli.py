@@ -9,7 +9,8 @@ import argparse
 import json
 from typing import Any, get_args
 
-from core.config import ConfigError, DType, EngineConfig, GiB, RunConfig, hardware_names, model_names, validate
+from core.config import (ConfigError, DType, EngineConfig, GiB, PerformanceMode, RunConfig, hardware_names, model_names,
+                         validate)
 from policies import DraftTree
 from sim.memory import memory_facts, pool_facts
 from sim.startup_checks import serve
@@ -38,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mamba-ssm-dtype", choices=list(get_args(DType)), default=None,
                    help="SSM state dtype (default: the model's, float32 for Qwen3.5)")
     p.add_argument("--kv-cache-dtype", choices=["bf16", "fp8"], default=None)
+    p.add_argument("--performance-mode", choices=list(get_args(PerformanceMode)), default=None,
+                   help="vLLM's --performance-mode: throughput doubles the default max_num_batched_tokens and "
+                        "max_num_seqs, so the profile run's peak (default: balanced)")
     p.add_argument("--tensor-parallel", type=int, default=None, help="tensor-parallel size (default: the model's)")
     p.add_argument("--vllm-version", default="current",
                    help="print vLLM's lines as this release does, e.g. 0.17.1 (the 'GPU KV cache size' formula "
@@ -63,7 +67,8 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
         if value is not None:
             data["model_overrides"][key] = value
     engine = data["engine"]
-    for key, value in (("gmu", args.gmu), ("kv_cache_dtype", args.kv_cache_dtype), ("max_model_len", args.max_model_len)):
+    for key, value in (("gmu", args.gmu), ("kv_cache_dtype", args.kv_cache_dtype), ("max_model_len", args.max_model_len),
+                       ("performance_mode", args.performance_mode)):
         if value is not None:
             engine[key] = value
     if args.mamba_cache_mode:

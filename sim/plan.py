@@ -20,10 +20,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.config import REPO_ROOT, ConfigError, RunConfig, load_hardware, policy_names
+from core.batch_limits import batch_limits
+from core.config import REPO_ROOT, ConfigError, RunConfig, load_hardware, load_model, policy_names
 from core.files import StagedOutput, named_path
 from core.folder_lock import FolderLock
 from policies import DraftTree
+from sim.budget import served_model
 from sim.code_version import code_version
 from sim.grid import check_field
 from sim.plan_candidates import Candidate, candidates
@@ -143,15 +145,20 @@ def settings_from(args: argparse.Namespace) -> PlanSettings:
         arrivals=args.arrivals)
 
 
-def candidates_from(args: argparse.Namespace) -> list[Candidate]:
-    hw = load_hardware(args.hardware)
+def candidates_from(args: argparse.Namespace, settings: PlanSettings) -> list[Candidate]:
+    # Unset, each limit is vLLM's default under the fixed engine settings (its performance mode).
+    base = config(settings, {}, "the plan's fixed settings")
+    hw = load_hardware(base.hardware)
+    model = served_model(load_model(base.model, base.model_overrides), base.engine)
+    limits = batch_limits(base.engine, hw, model.max_model_len)
     return candidates(args.policy or policy_names(), _trees(args.tree), args.gmu,
-                      args.max_num_seqs or [hw.max_num_seqs], args.max_num_batched_tokens or [hw.max_num_batched_tokens])
+                      args.max_num_seqs or [limits.max_num_seqs],
+                      args.max_num_batched_tokens or [limits.max_num_batched_tokens])
 
 
 def main(args: argparse.Namespace) -> int:
     settings = settings_from(args)
-    cands = candidates_from(args)
+    cands = candidates_from(args, settings)
     out = named_path(args.out) or REPO_ROOT / "results" / "plans" / Path(args.workload).stem
     check_points([config(settings, {**c.assignment(), "num_requests": settings.num_requests}, f"plan candidate {c.label}")
                   for c in cands], [f"plan candidate {c.label}" for c in cands])

@@ -152,7 +152,8 @@ def models(docs: Path) -> str:
                   "calibrated" + (f" ({other})" if other else ""))
         mine = runs[runs["case"].map(model_of.get) == name]
         checks = []
-        for metric, label in (("output_throughput_tok_s", "tok/s"), ("ttft_mean_ms", "TTFT")):
+        # Requests/s, not tokens/s: guidellm's token rates are compared only where every token was timed.
+        for metric, label in (("request_throughput", "req/s"), ("ttft_mean_ms", "TTFT")):
             ratio = mine.loc[mine["metric"] == metric, "ratio"]
             if len(ratio):
                 checks.append(f"{label} {ratio.min():.2f}-{ratio.max():.2f}x")

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from core.config import (ConfigError, HardwareConfig, RunConfig, hardware_names, model_names, parse_set, policy_names,
-                         read_yaml, validate)
+from core.batch_limits import BatchLimits, batch_limits
+from core.config import ConfigError, RunConfig, hardware_names, model_names, parse_set, policy_names, read_yaml, validate
 from core.files import StagedOutput, named_path
 from policies import DraftTree
 from sim.budget import block_layout, memory_budget
@@ -85,15 +85,15 @@ def _simulate(cfg: RunConfig, staged: StagedOutput | None) -> tuple[dict[str, An
     workload = load_workload(cfg.workload, cfg.num_requests, cfg.seed, cfg.workload_overrides)
     acceptance = check_workload(served, workload)
     latency = make_latency_model(model, hw, policy, eng)
+    limits = batch_limits(eng, hw, model.max_model_len)
     arrivals, arrival_kind = _arrivals(cfg, workload)
     window = (cfg.measure.warmup_fraction, cfg.measure.cooldown_fraction)
     result = run_engine(
         workload.requests, pool=pool, policy=policy, latency=latency, acceptance=acceptance,
-        max_num_batched_tokens=eng.max_num_batched_tokens or hw.max_num_batched_tokens,
-        max_num_seqs=eng.max_num_seqs or hw.max_num_seqs, admission=eng.admission,
+        max_num_batched_tokens=limits.max_num_batched_tokens, max_num_seqs=limits.max_num_seqs, admission=eng.admission,
         arrivals=arrivals, max_concurrency=cfg.client.max_concurrency, trace=cfg.trace_steps,
         engine=eng, block_tokens=layout.attn_block_tokens, round_trip_s=cfg.client.round_trip_s,
-        tokenize_s_per_token=cfg.client.tokenize_s_per_token,
+        tokenize_s_per_token=cfg.client.tokenize_s_per_token, frontend=cfg.client.frontend,
     )
     summary = {
         "model": model.name, "weights": model.weights, "hardware": hw.name, "policy": cfg.policy, "tree": str(policy.tree),
@@ -119,16 +119,15 @@ def _simulate(cfg: RunConfig, staged: StagedOutput | None) -> tuple[dict[str, An
         "warnings": run_warnings(result.requests, *window),
     }
     if staged is not None:
-        write_outputs(staged.path, cfg, summary, result, hw)
+        write_outputs(staged.path, cfg, summary, result)
     return summary, result
 
 
-def resolved(cfg: RunConfig, hw: HardwareConfig) -> RunConfig:
-    """The run's config with the hardware's engine defaults filled in (what a replay needs)."""
-    eng = cfg.engine
-    return cfg.model_copy(update={"engine": eng.model_copy(update={
-        "max_num_batched_tokens": eng.max_num_batched_tokens or hw.max_num_batched_tokens,
-        "max_num_seqs": eng.max_num_seqs or hw.max_num_seqs})})
+def resolved(cfg: RunConfig, result: EngineResult) -> RunConfig:
+    """The run's config with the limits its engine ran with filled in (what a replay needs; set
+    explicitly, they resolve to themselves in every performance mode, core.batch_limits)."""
+    limits = {k: result.semantics[k] for k in BatchLimits._fields}
+    return cfg.model_copy(update={"engine": cfg.engine.model_copy(update=limits)})
 
 
 def _write_csv(path: Path, header: list[str] | tuple[str, ...], rows: list) -> None:
@@ -138,15 +137,14 @@ def _write_csv(path: Path, header: list[str] | tuple[str, ...], rows: list) -> N
         w.writerows(rows)
 
 
-def write_outputs(out: Path, cfg: RunConfig, summary: dict[str, Any], result: EngineResult,
-                  hw: HardwareConfig) -> None:
+def write_outputs(out: Path, cfg: RunConfig, summary: dict[str, Any], result: EngineResult) -> None:
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     rows = request_rows(result.requests)
     header = list(rows[0]) if rows else ["request_id"]
     _write_csv(out / "requests.csv", header, [[("" if v is None else v) for v in r.values()] for r in rows])
     if cfg.trace_steps:
-        write_steps(out / "steps.csv", resolved(cfg, hw).model_dump(mode="json"), result.steps.traced_steps())
+        write_steps(out / "steps.csv", resolved(cfg, result).model_dump(mode="json"), result.steps.traced_steps())
         _write_csv(out / "step_state.csv", STEP_COLUMNS, result.steps.rows)
         _write_csv(out / "events.csv", EVENT_COLUMNS, result.steps.events)
 

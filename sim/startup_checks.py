@@ -13,6 +13,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from core.batch_limits import batch_limits
 from core.config import (ConfigError, EngineConfig, HardwareConfig, ModelConfig, RunConfig, load_hardware, load_model,
                          load_policy)
 from policies import CommitPolicy, DraftTree, make_policy
@@ -112,10 +113,12 @@ def _check_kernels(policy: CommitPolicy) -> None:
 
 def _check_token_budget(model: ModelConfig, policy: CommitPolicy, engine: EngineConfig,
                         hw: HardwareConfig | None) -> None:
-    tokens = engine.max_num_batched_tokens or hw.max_num_batched_tokens
-    seqs = engine.max_num_seqs or (hw.max_num_seqs if hw else None)
+    if hw is None:  # `specsim memory` without a GPU: the limits as given
+        tokens, seqs = engine.max_num_batched_tokens, engine.max_num_seqs
+    else:
+        tokens, seqs = batch_limits(engine, hw, model.max_model_len)
     where = "engine.max_num_batched_tokens" + ("" if engine.max_num_batched_tokens else f" ({hw.name}'s default)")
-    # config/scheduler.py SchedulerConfig.verify_max_model_len
+    # config/scheduler.py SchedulerConfig.verify_max_model_len (a defaulted max_num_seqs is capped first)
     if seqs is not None and seqs > tokens:
         seqs_where = "engine.max_num_seqs" + ("" if engine.max_num_seqs else f" ({hw.name}'s default)")
         raise ConfigError(f"{seqs_where} {seqs:,} is above {where} {tokens:,}: vLLM refuses a batch of more "

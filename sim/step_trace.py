@@ -189,14 +189,14 @@ def assemble_columns(c: BatchColumns, *, verify_positions: int, draft_depth: int
                            full_graph_ok=full_graph_ok, requests=requests)
 
 
-def step_shape(model: ModelConfig, policy: CommitPolicy, max_num_seqs: int,
-               max_num_batched_tokens: int) -> tuple[int, int, tuple[int, ...], bool]:
+def step_shape(model: ModelConfig, policy: CommitPolicy, max_num_seqs: int, max_num_batched_tokens: int,
+               performance_mode: str = "balanced") -> tuple[int, int, tuple[int, ...], bool]:
     """(verify positions, drafter passes, capture sizes, full graphs allowed) of a run: what
     `assemble_batch` needs beyond the requests."""
     spec_on = model.mtp_depth > 0 and policy.verify_positions > 1
     vp = policy.verify_positions if spec_on else 1
-    return (vp, model.mtp_depth if spec_on else 0, capture_sizes(max_num_seqs, max_num_batched_tokens, vp),
-            not policy.forces_eager())
+    sizes = capture_sizes(max_num_seqs, max_num_batched_tokens, vp, performance_mode=performance_mode)
+    return vp, model.mtp_depth if spec_on else 0, sizes, not policy.forces_eager()
 
 
 def batch_of(step: TracedStep, model: ModelConfig, policy: CommitPolicy, engine: EngineConfig) -> StepBatch:
@@ -204,7 +204,8 @@ def batch_of(step: TracedStep, model: ModelConfig, policy: CommitPolicy, engine:
     if engine.max_num_seqs is None or engine.max_num_batched_tokens is None:
         raise StepTraceError("batch_of needs engine.max_num_seqs and engine.max_num_batched_tokens resolved "
                              "(read them from the steps file's meta, not EngineConfig defaults)")
-    vp, depth, sizes, full_ok = step_shape(model, policy, engine.max_num_seqs, engine.max_num_batched_tokens)
+    vp, depth, sizes, full_ok = step_shape(model, policy, engine.max_num_seqs, engine.max_num_batched_tokens,
+                                           engine.performance_mode)
     return assemble_batch((BatchRequest(r.query_tokens, r.context, r.prefill == 0, bool(r.tree), r.replayed, r.flush)
                            for r in step.requests), verify_positions=vp, draft_depth=depth, sizes=sizes,
                           full_graph_ok=full_ok, requests=step.requests)

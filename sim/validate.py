@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from core.config import REPO_ROOT
+from core.config import REPO_ROOT, ConfigError
+from core.config_frontend import FrontendCosts
 from core.files import StagedOutput, atomic_write_text
 from sim.run import simulate
 from sim.validate_cases import Case, load_cases
@@ -27,6 +28,8 @@ from sim.validate_client import OVERHEAD_FILE, load_overhead
 from sim.validate_metrics import compared, left_out, simulated_metrics
 
 DEFAULT_REAL = REPO_ROOT / "validation" / "real"
+# the API server's event loop (sim/frontend.py), as calibrate/frontend_cost.py measured it
+FRONTEND_FILE = REPO_ROOT / "validation" / "frontend_cost_2026-12-04.json"
 OUT_FILES = ("validation.csv", "validation.json")
 CSV_COLUMNS = ("case", "metric", "real", "simulated", "ratio")
 
@@ -44,9 +47,12 @@ def compare(case: Case, metrics: dict[str, float]) -> list[dict[str, Any]]:
     return rows
 
 
-def run_case(case: Case, source: Path, run_dir: Path,
-             overhead: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    summary = simulate(case.run_config(str(source), overhead), run_dir)
+def run_case(case: Case, source: Path, run_dir: Path, overhead: dict[str, Any] | None = None,
+             frontend: FrontendCosts | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    cfg = case.run_config(str(source), overhead)
+    if frontend is not None:
+        cfg = cfg.model_copy(update={"client": cfg.client.model_copy(update={"frontend": frontend})})
+    summary = simulate(cfg, run_dir)
     with (run_dir / "requests.csv").open(newline="") as f:
         metrics = simulated_metrics(case.client.tool, csv.DictReader(f), summary)
     return summary, compare(case, metrics)
@@ -60,15 +66,17 @@ def _csv_text(rows: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def validate_all(real: Path, out: Path, progress: bool = True,
-                 overhead_file: Path | None = OVERHEAD_FILE) -> dict[str, Any]:
+def validate_all(real: Path, out: Path, progress: bool = True, overhead_file: Path | None = OVERHEAD_FILE,
+                 frontend_file: Path | None = FRONTEND_FILE) -> dict[str, Any]:
     """`overhead_file`: the API server's measured time outside the engine (sim.validate_client);
-    None charges nothing there (the engine alone)."""
+    None charges nothing there (the engine alone). `frontend_file`: its event loop's measured
+    costs (sim.frontend); None leaves the loop out."""
     cases = load_cases(real)  # every file checked before anything runs
     overhead = load_overhead(overhead_file) if overhead_file is not None else None
+    frontend = load_frontend(frontend_file) if frontend_file is not None else None
     rows: list[dict[str, Any]] = []
     report: dict[str, Any] = {"real": str(real), "client_overhead": _overhead_facts(overhead),
-                              "cases": {}, "not_expressible": {}}
+                              "frontend": _frontend_facts(frontend_file), "cases": {}, "not_expressible": {}}
     with StagedOutput(out, OUT_FILES, folders=("runs", "figures")) as staged:
         for n, (path, case) in enumerate(cases, 1):
             if not case.expressible:
@@ -77,12 +85,14 @@ def validate_all(real: Path, out: Path, progress: bool = True,
             if progress:
                 print(f"[{n}/{len(cases)}] {case.name}", file=sys.stderr, flush=True)
             run_dir = staged.path / "runs" / case.name
-            summary, case_rows = run_case(case, path, run_dir, overhead)
+            summary, case_rows = run_case(case, path, run_dir, overhead, frontend)
             rows += case_rows
             report["cases"][case.name] = {
                 "file": str(path), "source": case.source.model_dump(), "client": case.client.tool,
                 "summary": str(out / "runs" / case.name / "summary.json"),
                 "latency_source": summary["latency_source"], "latency_terms": summary["latency_terms"],
+                # a speculating case's accepted lengths, as `specsim run` draws them (sim.acceptance)
+                "acceptance_source": summary["acceptance_source"],
                 "client_overhead": {k: summary["engine_semantics"][f"client_{k}"]
                                     for k in ("round_trip_s", "tokenize_s_per_token")},
                 "metrics": {r["metric"]: {k: r[k] for k in ("real", "simulated", "ratio")} for r in case_rows},
@@ -104,6 +114,22 @@ def _overhead_facts(overhead: dict[str, Any] | None) -> dict[str, Any] | None:
             else str(overhead["path"]), "round_trip_s": overhead["round_trip_s"], "provenance": overhead["provenance"]}
 
 
+def load_frontend(path: Path) -> FrontendCosts:
+    try:
+        return FrontendCosts.model_validate(str(path))
+    except ValueError as e:
+        raise ConfigError(f"--frontend {path}: " + " ".join(str(e).split("\n")[-1].split())) from None
+
+
+def _frontend_facts(path: Path | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    data = json.loads(path.read_text())
+    full = path.resolve()
+    shown = str(full.relative_to(REPO_ROOT)) if full.is_relative_to(REPO_ROOT) else str(path)
+    return {"file": shown, "model": data["model"], "provenance": data.get("provenance", {})}
+
+
 def _overhead_arg(text: str) -> Path | None:
     return None if text == "none" else Path(text)
 
@@ -116,12 +142,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--client-overhead", type=_overhead_arg, default=OVERHEAD_FILE, metavar="FILE",
                    help="the API server's measured time outside the engine (default: the committed "
                         f"{OVERHEAD_FILE.name}); 'none': the engine alone")
+    p.add_argument("--frontend", type=_overhead_arg, default=FRONTEND_FILE, metavar="FILE",
+                   help="the API server's event loop costs, as calibrate/frontend_cost.py measured them "
+                        f"(default: the committed {FRONTEND_FILE.name}); 'none': the loop left out")
     p.add_argument("--json", action="store_true", help="print validation.json instead of the table")
     p.add_argument("--no-progress", action="store_true", help="no per-case progress lines on stderr")
 
 
 def main(args: argparse.Namespace) -> int:
-    report = validate_all(args.real, args.out, progress=not args.no_progress, overhead_file=args.client_overhead)
+    report = validate_all(args.real, args.out, progress=not args.no_progress, overhead_file=args.client_overhead,
+                          frontend_file=args.frontend)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

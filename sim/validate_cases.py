@@ -13,9 +13,10 @@ import math
 from pathlib import Path
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from core.config import ConfigError, RunConfig, read_yaml, validate
+from core.config_base import Strict
 from sim.validate_client import client_overhead
 from sim.validate_metrics import CLIENT_TOOLS, known_metrics
 from workloads.guidellm import CHAT_TEMPLATE_TOKENS
@@ -23,11 +24,7 @@ from workloads.guidellm import CHAT_TEMPLATE_TOKENS
 GUIDELLM_MAX_CONCURRENCY = 512  # guidellm's settings.max_concurrency (docs/guidellm.md)
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Source(_Strict):
+class Source(Strict):
     repository: str
     path: str
     section: str  # the document's headings down to the result block, as published
@@ -37,7 +34,7 @@ class Source(_Strict):
     backend_parameters: str = ""  # the server flags the document lists for the run
 
 
-class GuidellmClient(_Strict):
+class GuidellmClient(Strict):
     tool: Literal["guidellm"]
     version: str
     profile: Literal["constant"]
@@ -52,7 +49,7 @@ class GuidellmClient(_Strict):
     reasoning_timed: bool = True
 
 
-class VllmBenchClient(_Strict):
+class VllmBenchClient(Strict):
     """`vllm bench serve` (vllm/benchmarks/serve.py, docs/vllm.md#serving-benchmark)."""
 
     tool: Literal["vllm-bench"]
@@ -66,14 +63,14 @@ class VllmBenchClient(_Strict):
     ignore_eos: bool  # --ignore-eos: every request generates its dataset's output length
 
 
-class RandomData(_Strict):
+class RandomData(Strict):
     kind: Literal["random"]
     prompt_tokens: int = Field(gt=0)
     output_tokens: int = Field(gt=0)
     seed: int = 42
 
 
-class ShareGPTData(_Strict):
+class ShareGPTData(Strict):
     """ShareGPT as the case's client samples it: guidellm takes the first turns in file order,
     `vllm bench serve` shuffles with `seed` (its --seed) and filters (workloads/sharegpt.py)."""
 
@@ -89,7 +86,7 @@ class ShareGPTData(_Strict):
 Client = Union[GuidellmClient, VllmBenchClient]
 
 
-class Case(_Strict):
+class Case(Strict):
     name: str
     source: Source
     model: str

@@ -14,7 +14,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: 
 # The panels: one metric each (the others are in validation.csv).
 PANELS = (("duration_s", "benchmark duration (s)"), ("ttft_mean_ms", "mean TTFT (ms)"),
           ("ttft_p99_ms", "p99 TTFT (ms)"), ("latency_mean_s", "mean request latency (s)"),
-          ("tpot_mean_ms", "mean TPOT excl. 1st token (ms)"), ("total_throughput_tok_s", "total tokens/s"))
+          ("tpot_mean_ms", "mean TPOT excl. 1st token (ms)"), ("request_throughput", "requests/s"))
 STEM = "validation"
 
 

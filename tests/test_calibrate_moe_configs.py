@@ -65,3 +65,25 @@ def test_tuner_bad_arguments_exit_2_naming_the_field(tmp_path, capsys, argv, fie
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU refusal")
 def test_tuner_refuses_without_a_gpu(tmp_path):
     assert moe_tune.main(["--out", str(tmp_path)]) == 2
+
+
+H200_SMEM = 232_448  # shared_memory_per_block_optin of the H200 (sm_90)
+
+
+def test_shared_memory_counts_the_pipelined_tiles():
+    # Triton's OutOfResources on the H200 for this candidate asked for 245,760 B
+    assert MC.shared_memory_bytes(MC.MoEConfig(True, 128, 256, 64, 8, 3)) == 245_760
+    assert MC.shared_memory_bytes(MC.MoEConfig(True, 128, 128, 64, 8, 3)) == 3 * (128 * 64 + 2 * 64 * 128) * 2
+    # the down GEMM's own N tile counts when it is the larger
+    assert MC.shared_memory_bytes(MC.MoEConfig(False, 16, 16, 128, 4, 2, 8, 512)) == 2 * (16 * 128 + 128 * 512) * 2
+
+
+def test_candidates_that_cannot_fit_are_left_out_before_they_are_tried():
+    from calibrate.kernels import bench
+    too_big = MC.MoEConfig(True, 128, 256, 64, 8, 3)
+    assert too_big in bench.moe_candidates(2048)  # listed when no limit is known
+    assert too_big not in bench.moe_candidates(2048, H200_SMEM)
+    for t in moe_tune.TOKENS + bench.MOE_TOKENS:
+        for c in moe_tune.candidates(t, H200_SMEM) + bench.moe_candidates(t, H200_SMEM):
+            assert MC.shared_memory_bytes(c) <= H200_SMEM, (t, c)
+        assert MC.shared_memory_bytes(MC.default_config(t)) <= H200_SMEM  # the default always runs

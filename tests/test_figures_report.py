@@ -154,7 +154,7 @@ def test_readme_models_block_says_what_prices_each_model(tmp_path, monkeypatch):
     empty = load_hardware("h200").model_copy(update={"calibration_dir": str(tmp_path)})
     monkeypatch.setattr("core.config.load_hardware", lambda name: empty)
     assert all("| analytic |" in r for r in readme.models(readme.DOCS).splitlines()[2:])
-    assert ": tok/s" in rows["qwen3.5-35b-a3b"]  # the published runs of it, from docs/validation/
+    assert ": req/s" in rows["qwen3.5-35b-a3b"]  # the published runs of it, from docs/validation/
     assert rows["qwen3.5-27b"].endswith("| none |")
 
 

@@ -8,22 +8,33 @@ import pytest
 import yaml
 
 from sim.cli import main as cli
+from sim.run import simulate
 from sim.validate_cases import load_case, load_cases
 from sim.validate_metrics import GUIDELLM as COMPARED
 from sim.validate_metrics import UNTIMED_REASONING, compared, left_out
+from workloads import load_workload
 
 REAL = Path(__file__).resolve().parent.parent / "validation" / "real"
 BASELINE = REAL / "gpustack-h200-qwen3.5-35b-a3b-generation-heavy-bf16-baseline.yaml"
 
 
-def test_committed_cases_load_and_the_baselines_and_fp8_sharegpt_are_expressible():
+def test_committed_cases_load_and_all_but_the_interrupted_and_the_unservable_run_are_expressible():
     cases = {c.name: c for _, c in load_cases(REAL)}
     runnable = sorted(n for n, c in cases.items() if c.expressible)
-    assert [n.split("a3b-")[1] for n in runnable] == ["generation-heavy-bf16-baseline", "long-context-bf16-baseline",
-                                                     "sharegpt-bf16-baseline", "sharegpt-fp8",
-                                                     "sharegpt-fp8-prefix-caching", "throughput-bf16-baseline"]
+    assert [n.split("a3b-")[1] for n in runnable] == [
+        "generation-heavy-bf16-baseline", "generation-heavy-fp8-prefix-caching-throughput-mode",
+        "long-context-bf16-baseline", "long-context-fp8-prefix-caching-throughput-mode",
+        "sharegpt-bf16-baseline", "sharegpt-fp8", "sharegpt-fp8-prefix-caching",
+        "sharegpt-fp8-prefix-caching-throughput-mode", "sharegpt-fp8-prefix-caching-throughput-mode-fp8-kv",
+        "throughput-bf16-baseline", "throughput-fp8-prefix-caching-throughput-mode"]
     assert {cases[n].model for n in runnable if "fp8" in n} == {"qwen3.5-35b-a3b-fp8"}
+    assert sorted(n for n in cases if n not in runnable) == ["gpustack-h200-qwen3.5-35b-a3b-sharegpt-fp8-mtp4",
+                                                            "vllm-pr36795-h200-qwen3-next-80b-a3b-sharegpt-c16"]
     assert all(c.not_expressible for n, c in cases.items() if n not in runnable)
+    # Each published --performance-mode=throughput run is that engine setting, nothing else.
+    for n in runnable:
+        flagged = "--performance-mode=throughput" in cases[n].source.backend_parameters
+        assert (cases[n].run_config(n).engine.performance_mode == "throughput") == flagged, n
     # As published (GPUStack's h200.md), e.g. the numbers the project's issue quoted.
     gen = cases["gpustack-h200-qwen3.5-35b-a3b-generation-heavy-bf16-baseline"].reported
     assert (gen["duration_s"], gen["ttft_mean_ms"], gen["ttft_p99_ms"], gen["latency_mean_s"]) == (57.74, 1915.55, 3608.07, 57.43)
@@ -123,3 +134,28 @@ def test_missing_field_and_missing_folder(tmp_path, capsys):
     assert "tiny.yaml: source: Field required" in capsys.readouterr().err
     assert cli(["validate", "--real", str(tmp_path / "nowhere")]) == 2
     assert "no such folder" in capsys.readouterr().err
+
+
+def test_the_mtp_runs_totals_are_not_a_prefix_of_the_sampling():
+    # docs/validation.md#the-mtp-run: 516 "successful" requests whose prompts are not the first 516.
+    case = load_case(REAL / "gpustack-h200-qwen3.5-35b-a3b-sharegpt-fp8-mtp4.yaml")
+    rep = case.reported
+    assert (rep["successful_requests"], rep["total_input_tokens"], rep["total_output_tokens"]) == (516, 54307, 112466)
+    assert rep["latency_p99_s"] - rep["latency_mean_s"] < 0.4 and rep["ttft_median_ms"] == 0  # ended together
+    first = load_workload("guidellm-sharegpt", 1000, 0).requests[:516]
+    assert (sum(r.prompt_tokens for r in first), sum(r.output_tokens for r in first)) == (189_829, 144_480)
+    assert "interrupted run" in case.not_expressible and "189,829" in case.not_expressible
+
+
+def test_a_speculating_case_runs_as_specsim_run_and_names_its_acceptance(tmp_path):
+    # depth 3: deeper drafts need the workload's acceptance rows (sim.startup_checks)
+    real = small_case(tmp_path, model="qwen3.5-35b-a3b-fp8", num_speculative_tokens=3)
+    out = tmp_path / "out"
+    assert cli(["validate", "--real", str(real), "--out", str(out), "--no-progress", "--client-overhead", "none",
+                "--frontend", "none"]) == 0  # the engine alone, as `specsim run` of its RunConfig
+    case = json.loads((out / "validation.json").read_text())["cases"]["tiny"]
+    run = json.loads(Path(case["summary"]).read_text())
+    alone = simulate(load_case(real / "tiny.yaml").run_config("tiny"))  # what `specsim run` of it gives
+    assert (run["policy"], run["tree"]) == (alone["policy"], alone["tree"]) == ("store_all", "1,1,1")
+    assert run["mean_accepted_len"] == alone["mean_accepted_len"] and run["duration_s"] == alone["duration_s"]
+    assert case["acceptance_source"] == alone["acceptance_source"] == "built-in default"

@@ -30,6 +30,7 @@ from calibrate import measure as M
 from calibrate import work as W
 from calibrate.grid import QUICK
 from calibrate.kernels import fused_moe as FM
+from calibrate.kernels import moe_configs as MC
 from calibrate.kernels import paged_attention as PA
 from calibrate.kernels.inputs import moe_inputs, nan_poison, paged_inputs
 from calibrate.kernels.naive import fused_moe_ref, paged_attention_ref, reshape_and_cache_ref
@@ -49,8 +50,9 @@ MOE_CALLS = 6  # calls per graph, on 3 weight copies, each with its own tokens (
 MOE_SHARE = 0.55  # of the timing budget left after the checks; attention gets the rest
 
 
-def moe_candidates(tokens: int) -> list[FM.MoEConfig]:
-    """The default first, then variants around it (most promising first)."""
+def moe_candidates(tokens: int, smem_limit: int | None = None) -> list[FM.MoEConfig]:
+    """The default first, then variants around it (most promising first); a variant whose launch
+    would not fit `smem_limit` bytes of shared memory per block is left out, not tried."""
     C = FM.MoEConfig
     if tokens <= 16:
         extra = [C(False, 16, 16, 128, 4, 4), C(False, 16, 64, 128, 4, 4), C(False, 16, 32, 256, 4, 3),
@@ -62,7 +64,12 @@ def moe_candidates(tokens: int) -> list[FM.MoEConfig]:
         extra = [C(True, 64, 128, 64, 4, 4), C(True, 128, 128, 64, 8, 4), C(True, 128, 64, 64, 4, 4),
                  C(True, 64, 64, 64, 4, 4), C(True, 128, 256, 64, 8, 3), C(True, 128, 128, 32, 8, 4)]
     default = FM.default_config(tokens)
-    return [default] + [c for c in extra if c != default]
+    return [default] + MC.fitting([c for c in extra if c != default], smem_limit)
+
+
+def smem_limit(device: torch.device) -> int | None:
+    """The device's shared memory per block with opt-in (232,448 B on the H200); None off CUDA."""
+    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin if device.type == "cuda" else None
 
 
 def attn_candidates(q_len: int, group: int) -> list[PA.AttnConfig]:
@@ -235,8 +242,9 @@ def time_moe(b: Bench, roof: Roof, rows: list[dict]) -> None:
     b.log(f"moe: 3 weight copies of {s.moe_weight_bytes / 1e9:.2f} GB")
     # Defaults at the targets' sizes, at the other sizes, then the targets' candidates, then the rest.
     plan = [(t, FM.default_config(t)) for t in sorted(MOE_TOKENS, key=lambda t: t not in MOE_TARGETS_US)]
-    plan += [(t, c) for t in MOE_TARGETS_US for c in moe_candidates(t)[1:]]
-    plan += [(t, c) for t in MOE_TOKENS if t not in MOE_TARGETS_US for c in moe_candidates(t)[1:]]
+    smem = smem_limit(b.device)
+    plan += [(t, c) for t in MOE_TARGETS_US for c in moe_candidates(t, smem)[1:]]
+    plan += [(t, c) for t in MOE_TOKENS if t not in MOE_TARGETS_US for c in moe_candidates(t, smem)[1:]]
     layer_done: set[int] = set()
     for t, cfg in plan:
         if b.spent():

@@ -46,6 +46,22 @@ def default_config(tokens: int) -> MoEConfig:
     return MoEConfig(sorted=True, block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
 
 
+def shared_memory_bytes(cfg: MoEConfig, element_bytes: int = 2) -> int:
+    """Shared memory a launch of `cfg` asks for: Triton's software pipeline keeps num_stages copies
+    of each loop's tiles, the gate+up GEMM an A tile and two B tiles (gate and up), the down GEMM
+    an A tile and one B tile; the launch needs the larger. (128, 256, 64) at 3 stages: 245,760 B,
+    the figure Triton's OutOfResources gave on the H200.)"""
+    a = cfg.block_m * cfg.block_k
+    gate_up = a + 2 * cfg.block_k * cfg.block_n
+    down = a + cfg.block_k * (cfg.down_block_n or cfg.block_n)
+    return cfg.num_stages * max(gate_up, down) * element_bytes
+
+
+def fitting(configs: list[MoEConfig], limit_bytes: int | None) -> list[MoEConfig]:
+    """The configs whose launch fits `limit_bytes` of shared memory per block (None: all)."""
+    return [c for c in configs if limit_bytes is None or shared_memory_bytes(c) <= limit_bytes]
+
+
 def file_name(num_experts: int, width: int, device_name: str) -> str:
     """vLLM's naming: E experts (ours count the shared expert apart), N = each expert's width per GPU."""
     return f"E={num_experts},N={width},device_name={device_name.replace(' ', '_')}.json"

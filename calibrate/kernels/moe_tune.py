@@ -35,9 +35,10 @@ CALLS = 6  # per graph, on 3 weight copies, each with its own tokens (so its own
 C = MC.MoEConfig
 
 
-def candidates(tokens: int) -> list[MC.MoEConfig]:
+def candidates(tokens: int, smem_limit: int | None = None) -> list[MC.MoEConfig]:
     """The heuristic default first, then tiles after vLLM's H100/H200 tables for these widths
-    (our BLOCK_N = half of theirs, see moe_configs), most promising first."""
+    (our BLOCK_N = half of theirs, see moe_configs), most promising first; tiles that would not
+    fit `smem_limit` bytes of shared memory per block are left out."""
     if tokens <= 16:
         extra = [C(False, 16, 32, 64, 4, 4, 1), C(False, 16, 16, 128, 4, 4), C(False, 16, 64, 128, 8, 3),
                  C(False, 16, 64, 64, 4, 3), C(False, 16, 32, 256, 4, 3)]
@@ -54,7 +55,7 @@ def candidates(tokens: int) -> list[MC.MoEConfig]:
         extra = [C(True, 128, 128, 64, 8, 4, 16), C(True, 128, 64, 64, 4, 4), C(True, 64, 128, 64, 4, 3, 32),
                  C(True, 128, 64, 64, 8, 3, 16), C(True, 128, 128, 32, 8, 4)]
     default = MC.default_config(tokens)
-    return [default] + [c for c in extra if c != default]
+    return [default] + MC.fitting([c for c in extra if c != default], smem_limit)
 
 
 def tune_model(b: KB.Bench, roof: KB.Roof, model: str, rows: list[dict]) -> dict[int, MC.MoEConfig]:
@@ -63,7 +64,8 @@ def tune_model(b: KB.Bench, roof: KB.Roof, model: str, rows: list[dict]) -> dict
                                              seed=100 + i).items() if k != "x"} for i in range(3)]
     b.log(f"{model}: E={s.num_experts} N={s.expert_width} H={s.hidden} top_k={s.top_k}, "
           f"3 weight copies of {s.moe_weight_bytes / 1e9:.2f} GB")
-    plans = {t: candidates(t) for t in TOKENS}
+    smem = KB.smem_limit(b.device)
+    plans = {t: candidates(t, smem) for t in TOKENS}
     checked: dict[MC.MoEConfig, bool] = {}
     best: dict[int, tuple[float, MC.MoEConfig]] = {}
     for rank in range(max(len(p) for p in plans.values())):
