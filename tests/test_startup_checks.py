@@ -108,6 +108,13 @@ def test_a_policy_yaml_with_a_million_node_tree_is_refused(tmp_path, capsys, no_
     policy = yaml_file(tmp_path, "policies", "reconstruct", draft_tree_widths=[100, 100, 100])
     err = one_line_error(["run", "--policy", policy, *SMALL], capsys)
     assert "1,010,101 tree positions per request" in err and "take at most 128" in err
+    # specsim memory refuses what specsim run refuses, with a GPU (the token budget) or without
+    for extra in ([], ["--hardware", "h200"]):
+        err = one_line_error(["memory", "--model", "qwen3.5-35b-a3b", "--policy", "reconstruct", "--tree",
+                              "100,100,100", *extra], capsys)
+        assert "take at most 128" in err
+    err = one_line_error(["memory", "--model", "qwen3.5-35b-a3b", "--hardware", "h200", "--tree", "100,100,100"], capsys)
+    assert "more than engine.max_num_batched_tokens (h200's default) 8,192" in err  # store_all
 
 
 def test_a_tree_larger_than_the_token_budget_is_refused_and_one_that_fits_runs():
