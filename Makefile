@@ -135,6 +135,7 @@ docs: venv
 	mkdir -p docs/bench && $(PY) -m sim bench --cases $$($(PY) -c 'from sim.readme import SPEED_CASES; print(*SPEED_CASES)') \
 	  --out docs/bench/sim_speed.json; [ $$? -le 1 ]
 	$(PY) -m sim report --readme --write README.md
+	$(PY) -m sim report --readme --write docs/validation.md
 
 # The traced runs the step replay executes (calibrate/REPLAY.md): sharegpt, three policies x gmu 0.6 / 0.9
 # x concurrency 1 / 32 / 128 (20, 150, 300 requests).

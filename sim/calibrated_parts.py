@@ -63,14 +63,23 @@ class CalibratedParts:
         self.hidden_bytes = model.hidden_size * model.conv_dtype_bytes  # activations: the model dtype
         cal = "derived" if hw.derived else "calibrated"
         src = {t: cal for t in TERMS}
+        notes: dict[str, str] = {}
+        self.conv_channels = (2 * model.gdn.num_k_heads * model.gdn.head_k_dim
+                              + model.gdn.num_v_heads * model.gdn.head_v_dim) // self.tp
         if "verify" not in kernels:
             src["gdn_verify"] = "analytic"
         elif not any(k[0] == "gdn_prefill" for k in tables):
             src["gdn_verify"] = "mixed"  # decode verify measured, prefill recurrence by roofline
+            notes["gdn_verify"] = "the prefill recurrence by its flops at the matrix rate (no gdn_prefill table)"
+        elif ("gdn_prefill_varlen", "graph") not in tables:
+            src["gdn_verify"] = "mixed"
+            notes["gdn_verify"] = ("the prefill's causal conv by its bytes at the copy rate (the recurrence is "
+                                   "gdn_prefill's; no gdn_prefill_varlen table times the conv with it)")
         if "commit" not in kernels:
             src["gdn_commit"] = "analytic"
         if self.tp > 1:
             src["allreduce"] = "analytic"
+            notes["allreduce"] = f"a ring over NVLink at {hw.nvlink_bandwidth_gbs} GB/s (one GPU measures no NCCL)"
         if engine_cfg.step_overhead_us is not None:
             src["overhead"] = "config"
             overhead_us = engine_cfg.step_overhead_us
@@ -84,13 +93,17 @@ class CalibratedParts:
             self.host = host or HostCosts({}, overhead_us, self.scale["overhead"] if hw.derived else 1.0,
                                           step_source=src["overhead"])
             src["overhead"] = self.host.source
+            if src["overhead"] != cal:
+                missing = sorted(op for op, v in self.host.sources.items() if v != "calibrated")
+                notes["overhead"] = f"host costs of {', '.join(missing)}: the documented assumptions (no host.csv row)"
             if "gdn_prefill_varlen" in {k[0] for k in tables}:
                 src["gdn_verify"] = cal if "verify" in kernels else "mixed"
+                notes.pop("gdn_verify", None)
         if any(v == "analytic" for v in src.values()) and fallback is None:
             missing = [t for t, v in src.items() if v == "analytic" and t != "allreduce"]
             if missing:
                 raise TableError(f"{model.name}: no calibration for {missing} and no fallback model given")
-        self.sources = LatencySources(src)
+        self.sources = LatencySources(src, {t: n for t, n in notes.items() if src[t] != cal})
         # One-axis tables as fast memoised curves; the others slice to curves per call.
         self.curves = {k: g.partial() for k, g in tables.items() if len(g.axes) == 1}
 
@@ -137,6 +150,11 @@ class CalibratedParts:
         if "replay" in self.kernels:
             tabs += list(self.kernels["replay"][1].values())
         return {f"{t.name}.{side}": n for t in tabs for side, n in t.out_of_grid.items()}
+
+    def prefill_conv_us(self, tokens: int) -> float:
+        """One GDN layer's causal conv over `tokens` prefill tokens by its bytes at the copy rate
+        (read and write every channel once; memory-bound, where no varlen table times it)."""
+        return 2 * tokens * self.conv_channels * self.model.conv_dtype_bytes / (self.hw.hbm_bandwidth_gbs * 1e9) / US
 
     def analytic_prefill_recurrence_s(self, tokens: int) -> float:
         """Roofline of the chunked prefill recurrence when no gdn_prefill table was measured."""

@@ -116,6 +116,7 @@ class LatencySources:
     """Which source priced each term: 'calibrated', 'analytic', 'derived' or 'config'."""
 
     by_term: dict[str, str] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)  # a term not wholly measured: what prices the rest
 
     def summary(self) -> str:
         kinds = set(self.by_term.values())

@@ -195,6 +195,23 @@ def validation(docs: Path) -> str:
             "(`validation.json` says why).\n\n" + md_table(pd.DataFrame(rows)))
 
 
+def breakdown(docs: Path) -> str:
+    """Where each case's simulated request spends its time (sim.validate_breakdown), beside the
+    published TTFT and latency - TTFT that bound the same parts."""
+    report = json.loads((docs / VALIDATION / "validation.json").read_text())
+    rows = []
+    for case, c in report["cases"].items():
+        sim, pub = c["time_breakdown"]["simulated"], c["time_breakdown"]["published"]
+        ttft = sim["intake_and_queue_s"] + sim["prefill_s"]
+        rows.append({"case": case.removeprefix("gpustack-h200-qwen3.5-35b-a3b-"),
+                     "client queue": f"{sim['client_queue_s']:.2f}",
+                     "intake + engine queue": f"{sim['intake_and_queue_s']:.2f}", "prefill": f"{sim['prefill_s']:.2f}",
+                     "TTFT: simulated / published": f"{ttft:.2f} / {pub['ttft_s']:.2f}" if "ttft_s" in pub else "",
+                     "decode: simulated / published": (f"{sim['decode_s']:.2f} / {pub['decode_s']:.2f}"
+                                                       if "decode_s" in pub else "")})
+    return "Mean seconds per request.\n\n" + md_table(pd.DataFrame(rows))
+
+
 def step_check(docs: Path) -> str:
     """The step model against the GPU step executor (the committed replay summary)."""
     s = json.loads(STEP_REPLAY.read_text())
@@ -231,8 +248,12 @@ BLOCKS: dict[str, Callable[[Path], str]] = {"headline": headline, "one-point": o
                                             "validation": validation, "speed": speed}
 
 
+# docs/validation.md's generated blocks (`make docs` writes them with the README's).
+DOC_BLOCKS: dict[str, Callable[[Path], str]] = {"breakdown": breakdown}
+
+
 def render(docs: Path = DOCS) -> dict[str, str]:
-    return {name: make(docs) for name, make in BLOCKS.items()}
+    return {name: make(docs) for name, make in {**BLOCKS, **DOC_BLOCKS}.items()}
 
 
 def fill(readme: str, blocks: dict[str, str]) -> str:

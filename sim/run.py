@@ -105,6 +105,7 @@ def _simulate(cfg: RunConfig, staged: StagedOutput | None) -> tuple[dict[str, An
         "measured_requests": len(measured(result.requests, *window)),
         "latency_source": latency.sources.summary(),
         "latency_terms": dict(latency.sources.by_term),
+        "latency_notes": dict(latency.sources.notes),
         "acceptance_source": acceptance.source,
         "expected_accepted_len": acceptance.expected_len(),  # the workload default category's mean
         "allocator": pool.kind,

@@ -23,6 +23,7 @@ from core.config import REPO_ROOT, ConfigError
 from core.config_frontend import FrontendCosts
 from core.files import StagedOutput, atomic_write_text
 from sim.run import simulate
+from sim.validate_breakdown import published_bounds, time_breakdown
 from sim.validate_cases import Case, load_cases
 from sim.validate_client import OVERHEAD_FILE, load_overhead
 from sim.validate_metrics import compared, left_out, simulated_metrics
@@ -97,6 +98,8 @@ def validate_all(real: Path, out: Path, progress: bool = True, overhead_file: Pa
                                     for k in ("round_trip_s", "tokenize_s_per_token")},
                 "metrics": {r["metric"]: {k: r[k] for k in ("real", "simulated", "ratio")} for r in case_rows},
                 "not_compared": left_out(case.client, case.reported),
+                "time_breakdown": {"simulated": time_breakdown(run_dir / "requests.csv"),
+                                   "published": published_bounds(case.reported)},
             }
         atomic_write_text(staged.path / "validation.csv", _csv_text(rows))
         atomic_write_text(staged.path / "validation.json", json.dumps(report, indent=2) + "\n")

@@ -341,6 +341,21 @@ MUTATIONS = (
              "                \"acceptance_source\": summary[\"acceptance_source\"],",
              "                \"acceptance_source\": summary[\"latency_source\"],",
              ("tests/test_validate_real.py", "-k", "speculating")),
+    Mutation("faster-of-takes-the-new-run", "calibrate merge --faster-of keeps the merged run's row whatever it timed",
+             'elif float(fresh[key(r)]["us"]) < float(r["us"]):', "elif True:",
+             ("tests/test_calibrate_merge.py",)),
+    Mutation("merge-drops-host-ops", "a host table's ops the merged run did not measure are dropped, not kept",
+             'keep = [row for row in old_rows if row["op"] not in new_ops]', "keep = []",
+             ("tests/test_calibrate_merge.py",)),
+    Mutation("moe-smem-one-b-tile", "a fused-MoE launch's shared memory counted with one B tile, so oversized ones are tried",
+             "gate_up = a + 2 * cfg.block_k * cfg.block_n", "gate_up = a + cfg.block_k * cfg.block_n",
+             ("tests/test_calibrate_moe_configs.py",)),
+    Mutation("reprice-any-step", "re-pricing a replay accepts a regenerated steps file whose step differs",
+             "if any(int(float(r[k])) != v for k, v in shape.items()):", "if False:",
+             ("tests/test_calibrate_replay.py", "-k", "repricing")),
+    Mutation("prefill-conv-unpriced", "the GDN prefill's causal conv left out of a step without a varlen table",
+             "+ lat.prefill_conv_us(b.prefill_tokens))", ")",
+             ("tests/test_calibrate_latency_pipeline.py", "-k", "varlen")),
 )
 
 

@@ -10,8 +10,8 @@ from calibrate import host, replay as RP, replay_group as RG, replay_pick as PK,
 from calibrate import replay_timing as RT
 from calibrate.replay_check import synthetic_steps
 from calibrate.replay_outputs import read_replay_rows
-from calibrate.replay_runs import Run
-from core.config import EngineConfig, RunConfig
+from calibrate.replay_runs import Run, load_run, reprice, shape_columns
+from core.config import ConfigError, EngineConfig, RunConfig
 from core.tables import HOST_COLUMNS, HOST_OPS
 from sim.cli import main
 from sim.step_trace import TracedRequest as R, TracedStep, write_steps
@@ -326,6 +326,24 @@ def test_tiny_replay_writes_steps_summary_and_provenance(tmp_path, monkeypatch):
     assert rc == 0 and read_replay_rows(again / "replay_steps.csv") == rows
     parts = json.loads((again / "provenance.json").read_text())["parts"]
     assert len(parts) == 2 and parts[0] == part and (parts[1]["steps_replayed"], parts[1]["steps_resumed"]) == (0, 6)
+
+
+def test_repricing_refuses_a_steps_file_whose_step_is_not_the_one_replayed(tmp_path):
+    run = tmp_path / "c1"
+    run.mkdir()
+    meta = RunConfig(policy="store_all", engine=EngineConfig(max_num_seqs=8, max_num_batched_tokens=64)).model_dump(
+        mode="json")
+    write_steps(run / "steps.csv", meta, [TracedStep(1, 0.1, "uniform_decode", (R(1, 0, 10, CHAIN, 4, 0, False),),
+                                                     80.0, {"gdn": 40.0, "moe": 40.0})])
+    runs = {"c1": load_run(run / "steps.csv")}
+    shape = shape_columns(runs["c1"].steps[0])
+    assert shape == {"tokens": 4, "requests": 1, "decodes": 1, "prefills": 0, "context_tokens": 10}
+    good = {"run": "c1", "step": "1", **{k: str(v) for k, v in shape.items()}}
+    reprice([good], runs, "h200", lambda _: None)
+    assert good["predicted_us"] > 0
+    bad = {**good, "context_tokens": "11"}  # the same step number, another step
+    with pytest.raises(ConfigError, match="step 1 is not the step replay_steps.csv timed"):
+        reprice([bad], runs, "h200", lambda _: None)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -144,6 +144,14 @@ def test_readme_numbers_equal_the_committed_outputs():
     assert fill(text, readme.render()) == text, "README.md differs from docs/: run `make docs`"
 
 
+def test_validation_doc_numbers_equal_the_committed_outputs():
+    """docs/validation.md's generated blocks say what docs/validation/ says (`make docs`)."""
+    path = REPO / "docs" / "validation.md"
+    text = path.read_text()
+    assert [m["name"] for m in BLOCK.finditer(text)] == list(readme.DOC_BLOCKS)
+    assert fill(text, readme.render()) == text, "docs/validation.md differs from docs/validation/: run `make docs`"
+
+
 def test_readme_models_block_says_what_prices_each_model(tmp_path, monkeypatch):
     """Calibrated where the GPU's folder holds the model's tables, the roofline (and it says so) where not;
     a dense model's feed-forward block is its MLP."""

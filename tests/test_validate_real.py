@@ -152,7 +152,7 @@ def test_a_speculating_case_runs_as_specsim_run_and_names_its_acceptance(tmp_pat
     real = small_case(tmp_path, model="qwen3.5-35b-a3b-fp8", num_speculative_tokens=3)
     out = tmp_path / "out"
     assert cli(["validate", "--real", str(real), "--out", str(out), "--no-progress", "--client-overhead", "none",
-                "--frontend", "none"]) == 0  # the engine alone, as `specsim run` of its RunConfig
+                "--frontend", "none"]) == 0
     case = json.loads((out / "validation.json").read_text())["cases"]["tiny"]
     run = json.loads(Path(case["summary"]).read_text())
     alone = simulate(load_case(real / "tiny.yaml").run_config("tiny"))  # what `specsim run` of it gives
