@@ -203,14 +203,16 @@ def run_warnings(requests: Sequence[Request], warmup_fraction: float = 0.0,
                  cooldown_fraction: float = 0.0) -> list[str]:
     """What a run that ran still reports a user may not have meant (stderr and the summary)."""
     rejected = Counter(r.reject_reason for r in requests if r.status is Status.REJECTED)
+    reasons = ", ".join(f"{n} {why}" for why, n in sorted(rejected.items()))
     if rejected and sum(rejected.values()) == len(requests):
-        reasons = ", ".join(f"{n} {why}" for why, n in sorted(rejected.items()))
         return [f"every request was rejected ({reasons}): the run measured nothing"]
+    out = [f"{sum(rejected.values())} of {len(requests)} requests were rejected ({reasons}): the statistics cover "
+           "the others"] if rejected else []
     window = [r for r in measured(requests, warmup_fraction, cooldown_fraction) if r.status is Status.FINISHED]
     if len(window) == 1:
-        return ["the latency statistics cover one completed request (num_requests and the measure window "
-                "leave one): each mean and percentile is that request's value"]
-    return []
+        out.append("the latency statistics cover one completed request (num_requests and the measure window "
+                   "leave one): each mean and percentile is that request's value")
+    return out
 
 
 def summarize(requests: Sequence[Request], steps: StepLog, duration_s: float,
