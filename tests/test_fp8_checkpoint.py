@@ -87,15 +87,23 @@ def test_fp8_pool_is_larger_by_the_weight_bytes_at_the_same_gmu():
     assert 31.5 < saved / 2**30 < 32.5
 
 
-@pytest.mark.parametrize("name,override", [("qwen3.5-35b-a3b-fp8", {}), ("qwen3.5-35b-a3b", {"weights": "fp8"}),
-                                           ("qwen3.5-397b-a17b-fp8", {})])
-def test_fp8_model_is_never_priced_from_bf16_tables(name, override):
-    # No FP8 layer tables are measured yet: the FP8 checkpoint is priced by the roofline at
-    # one byte per projection weight, and says so, while the bf16 one reads its tables.
+@pytest.mark.parametrize("name,override,folder", [("qwen3.5-35b-a3b-fp8", {}, "qwen3.5-35b-a3b-fp8"),
+                                                  ("qwen3.5-35b-a3b", {"weights": "fp8"}, "qwen3.5-35b-a3b-fp8"),
+                                                  ("qwen3.5-397b-a17b-fp8", {}, None)])
+def test_fp8_model_is_never_priced_from_bf16_tables(name, override, folder):
+    # An FP8 checkpoint reads its own folder's tables (qwen3.5-35b-a3b-fp8, measured), never the bf16
+    # model's; without one (the 397B's FP8 shard) the roofline prices it at one byte per projection
+    # weight, and says so.
     hw, eng = load_hardware("h200"), EngineConfig()
     bf16, m = load_model("qwen3.5-35b-a3b"), load_model(name, override)
-    assert make_latency_model(bf16, hw, make_policy(bf16, load_policy("store_all")), eng).sources.summary() == "calibrated"
-    assert make_latency_model(m, hw, make_policy(m, load_policy("store_all")), eng).sources.summary() == "analytic"
+    ref = make_latency_model(bf16, hw, make_policy(bf16, load_policy("store_all")), eng)
+    lat = make_latency_model(m, hw, make_policy(m, load_policy("store_all")), eng)
+    assert {t.name.split("/")[0] for t in ref.tables.values()} == {"qwen3.5-35b-a3b"}
+    if folder is None:
+        assert lat.sources.summary() == "analytic"
+    else:
+        assert {t.name.split("/")[0] for t in lat.tables.values()} == {folder}
+        assert lat.sources.by_term["moe"] == lat.sources.by_term["gdn"] == "calibrated"
 
 
 def test_a_grid_crosses_the_checkpoints_with_a_weights_axis(tmp_path):
