@@ -70,8 +70,7 @@ def prepare_steps(rows: Sequence[dict], runs: dict, hw_name: str) -> list[tuple[
     host scales, from the run's own latency model (it must price with the pipeline)."""
     from core.config import load_hardware
     from policies import make_policy
-    from sim.latency_analytic import AnalyticLatencyModel
-    from sim.latency_calibrated import CalibratedLatencyModel
+    from sim.latency_factory import build_latency_model
     from sim.step_trace import batch_of
 
     out = []
@@ -80,8 +79,7 @@ def prepare_steps(rows: Sequence[dict], runs: dict, hw_name: str) -> list[tuple[
         pol = make_policy(run.model, run.policy)
         # A model of its own, not the one sim.latency_factory keeps for the process: its host costs are
         # replaced by tagged ones below, and runs of one configuration would otherwise share them.
-        lat = CalibratedLatencyModel.load(run.model, hw, pol, run.engine,
-                                          fallback=AnalyticLatencyModel(run.model, hw, pol, run.engine))
+        lat = build_latency_model(run.model, hw, pol, run.engine)
         if getattr(lat, "host", None) is None or not hasattr(lat, "pipeline_parts"):
             raise ValueError(f"run {name}: not priced by the calibrated pipeline (engine.latency_pricing: pipeline "
                              "and calibration tables are needed to fit host scales)")

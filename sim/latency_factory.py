@@ -29,14 +29,20 @@ def make_latency_model(model: ModelConfig, hw: HardwareConfig, policy: CommitPol
     key = _key(model, hw, policy, engine)
     latency = _kept.get(key)
     if latency is None:
-        analytic = AnalyticLatencyModel(model, hw, policy, engine)
-        calibrated = CalibratedLatencyModel.load(model, hw, policy, engine, fallback=analytic)
-        latency = calibrated if calibrated is not None else analytic
-        _kept[key] = latency
+        latency = _kept[key] = build_latency_model(model, hw, policy, engine)
         if len(_kept) > KEPT:
             _kept.popitem(last=False)
     _kept.move_to_end(key)
     return latency
+
+
+def build_latency_model(model: ModelConfig, hw: HardwareConfig, policy: CommitPolicy,
+                        engine_cfg: EngineConfig) -> LatencyModel:
+    """A latency model of its own (not the process's kept one): calibrated tables where they
+    exist, the analytic roofline filling missing terms, else analytic."""
+    analytic = AnalyticLatencyModel(model, hw, policy, engine_cfg)
+    calibrated = CalibratedLatencyModel.load(model, hw, policy, engine_cfg, fallback=analytic)
+    return calibrated if calibrated is not None else analytic
 
 
 def _key(model: ModelConfig, hw: HardwareConfig, policy: CommitPolicy, engine: EngineConfig) -> str:

@@ -118,8 +118,9 @@ class EagerSumPricing:
                 us["gdn_verify"] += m.gdn_layers * lat.derived_factor(0.0) * lat.decode_conv(b.decode_tokens)
         if b.prefill_tokens:
             if ("gdn_prefill", mode) in lat.curves:
-                us["gdn_verify"] += m.gdn_layers * b.prefill_seqs * lat.derived_factor(0.0) * \
-                    lat.curve_us("gdn_prefill", mode, b.prefill_tokens / b.prefill_seqs)
+                us["gdn_verify"] += m.gdn_layers * (b.prefill_seqs * lat.derived_factor(0.0) *
+                                                    lat.curve_us("gdn_prefill", mode, b.prefill_tokens / b.prefill_seqs)
+                                                    + lat.prefill_conv_us(b.prefill_tokens))
             elif "gdn_verify" not in fallback:
                 us["gdn_verify"] += lat.analytic_prefill_recurrence_s(b.prefill_tokens) / US
 

@@ -283,8 +283,9 @@ class PipelinePricing:
             return lat.derived_factor(0.0) * varlen(b.prefill_tokens, b.prefill_seqs)
         if ("gdn_prefill", "graph") in lat.curves:
             chunked = sum(-(-t // FLA_CHUNK) * FLA_CHUNK for t, _ in b.chunks)
-            return lat.derived_factor(0.0) * (lat.curve_us("gdn_prefill", "graph", chunked)
-                                              + lat.prefill_conv_us(b.prefill_tokens))
+            # the conv is priced at this GPU's own copy rate: no derived-hardware factor on it
+            return (lat.derived_factor(0.0) * lat.curve_us("gdn_prefill", "graph", chunked)
+                    + lat.prefill_conv_us(b.prefill_tokens))
         return lat.analytic_prefill_recurrence_s(b.prefill_tokens) / US / self._gdn_layers
 
     def _drafter_passes(self, b: StepBatch, tokens: int) -> tuple[list[DrafterPass], tuple[int, ...]]:

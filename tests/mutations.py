@@ -358,8 +358,12 @@ MUTATIONS = (
              "if any(int(float(r[k])) != v for k, v in shape.items()):", "if False:",
              ("tests/test_calibrate_replay.py", "-k", "repricing")),
     Mutation("prefill-conv-unpriced", "the GDN prefill's causal conv left out of a step without a varlen table",
-             "+ lat.prefill_conv_us(b.prefill_tokens))", ")",
+             "chunked)\n                    + lat.prefill_conv_us(b.prefill_tokens))", "chunked))",
              ("tests/test_calibrate_latency_pipeline.py", "-k", "varlen")),
+    Mutation("prefill-conv-scaled-twice", "a derived GPU's prefill conv, priced at its own copy rate, scaled again",
+             "return (lat.derived_factor(0.0) * lat.curve_us(\"gdn_prefill\", \"graph\", chunked)",
+             "return lat.derived_factor(0.0) * (lat.curve_us(\"gdn_prefill\", \"graph\", chunked)",
+             ("tests/test_calibrate_latency_pipeline.py", "-k", "copy_rate")),
 )
 
 

@@ -96,6 +96,17 @@ def test_varlen_prefill_is_one_call_per_layer(tmp_path):
     assert t["overhead"] > 0 and sum(t.values()) * 1e6 > GDN_LAYERS * 1000.0
 
 
+def test_prefill_conv_is_priced_at_the_gpus_own_copy_rate(tmp_path):
+    # A derived GPU (the B200) scales the measured recurrence by its memory-bound factor (0.6) but
+    # prices the conv's bytes at its own copy rate (7,133 GB/s), once, with no factor on top.
+    root = make_tables(tmp_path, skip=("gdn_prefill_varlen",))
+    h200, b200 = (load(root, hw=hw, pricing="pipeline", async_scheduling=False) for hw in ("h200", "b200"))
+    four = step([(100, 0, False, False)] * 4)
+    recurrence = h200.tables[("gdn_prefill", "graph")](512)
+    conv_s = 2 * 400 * 8192 * 2 / 7133e9
+    assert b200.step_time(four).terms["gdn_verify"] == pytest.approx(GDN_LAYERS * (0.6 * recurrence * 1e-6 + conv_s))
+
+
 def test_full_graph_decode_is_one_replay(tmp_path):
     root = make_tables(tmp_path)
     write_host(root / MODEL, full_graph=7.0, step_prepare=11.0, step_finish=13.0)
