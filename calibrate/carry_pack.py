@@ -28,6 +28,7 @@ import tarfile
 import time
 import tomllib
 import zipfile
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +53,7 @@ def xz_filters(size: int) -> list[dict]:
 
 
 # pip matches each manylinux tag exactly: these are the ones the pinned binary wheels carry.
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
+PLATFORMS = ("manylinux_2_31_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
              "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 USES = ("install", "cutlass-libs", "py-only")
 FOLDERS = {"a": ".carry-a", "b": ".carry-b"}
@@ -98,9 +99,8 @@ def load_pins(path: Path = PINS) -> Pins:
             raise CarryError(f"{path}: {d['name']}: use must be one of {', '.join(USES)}, got {d['use']!r}")
         extra = {k: v for k, v in d.items() if k not in Wheel.__dataclass_fields__}
         wheels.append(Wheel(**{k: d[k] for k in ("name", "version", "file", "sha256", "folder", "use")}, extra=extra))
-    for use in ("cutlass-libs", "py-only"):
-        if sum(w.use == use for w in wheels) != 1:
-            raise CarryError(f"{path}: exactly one wheel must have use = {use!r}")
+    if sum(w.use == "cutlass-libs" for w in wheels) != 1:
+        raise CarryError(f"{path}: exactly one wheel must have use = 'cutlass-libs'")
     if not isinstance(data.get("split_bytes"), int) or data["split_bytes"] <= 0:
         raise CarryError(f"{path}: split_bytes must be a positive integer")
     return Pins(tuple(wheels), data["split_bytes"])
@@ -224,9 +224,19 @@ def _build_libs(w: Wheel, path: Path, a: Path, b: Path, split_bytes: int, log) -
     (b / "sha.txt").write_text("".join(f"{lib_sha[m]}  {m}\n" for m in (ir, rt)))
 
 
-def _build_py_only(w: Wheel, path: Path, b: Path) -> None:
-    """FlashInfer's .py and .json files and its metadata (provenance reads its version), without RECORD:
-    the kernels it compiles at run time are Python (CuTe DSL); its CUDA sources and headers stay home."""
+def py_archive(members: list[str]) -> str:
+    """The archive a py-only wheel travels as, named for its top-level package (the first folder
+    most of its Python files are in): `flashinfer_py.tar.xz` for flashinfer-python."""
+    tops = Counter(n.split("/")[0] for n in members if n.endswith(".py") and "/" in n)
+    if not tops:
+        raise CarryError("a py-only wheel holds no package of Python files")
+    return f"{tops.most_common(1)[0][0]}_py.tar.xz"
+
+
+def _build_py_only(w: Wheel, path: Path, folder: Path) -> None:
+    """A wheel's .py and .json files and its metadata (provenance reads its version), without RECORD:
+    what the benches run of it is Python (FlashInfer's CuTe DSL kernels, vLLM's Triton sampler); its
+    compiled extensions, CUDA sources and headers stay home."""
     with zipfile.ZipFile(path) as zf:
         names = _wheel_members(zf)
         keep = [n for n in names if n.endswith((".py", ".json"))
@@ -234,7 +244,7 @@ def _build_py_only(w: Wheel, path: Path, b: Path) -> None:
         emptied = frozenset(w.extra.get("empty", ()))
         if emptied - set(keep):
             raise CarryError(f"{path.name}: has no {', '.join(sorted(emptied - set(keep)))} (the pin's empty list)")
-        tar_xz(b / "flashinfer_py.tar.xz", zf, keep, emptied)
+        tar_xz(folder / py_archive(keep), zf, keep, emptied)
 
 
 def folder_bytes(path: Path) -> int:
@@ -280,12 +290,13 @@ def build(pins: Pins, wheels: dict[str, Path], out: Path, tree: int, limit: int 
         for w in pins.wheels:
             if w.use == "install":
                 shutil.copy2(wheels[w.name], (a if w.folder == "a" else b) / w.file)
-        log("compressing the CuTe DSL libraries and FlashInfer's Python files (xz -9e: minutes)")
-        py_only = pins.one("py-only")
+        log("compressing the CuTe DSL libraries and the py-only wheels' Python files (xz -9e: minutes)")
         with ThreadPoolExecutor(max_workers=1) as ex:
-            fi = ex.submit(_build_py_only, py_only, wheels[py_only.name], b)
+            py = [ex.submit(_build_py_only, w, wheels[w.name], a if w.folder == "a" else b)
+                  for w in pins.wheels if w.use == "py-only"]
             _build_libs(pins.one("cutlass-libs"), wheels[pins.one("cutlass-libs").name], a, b, pins.split_bytes, log)
-            fi.result()
+            for job in py:
+                job.result()
         sizes = {}
         for key, folder in (("a", a), ("b", b)):
             _write_setup(pins, folder)

@@ -66,6 +66,11 @@ _carry_main() {
     || _carry_fail "$_carry_dir is incomplete or corrupt (files above); rebuild it with make carry" || return 1
   mkdir -p "$_carry_site" "$_carry_stash" || _carry_fail "cannot create $_carry_site and $_carry_stash" || return 1
   _carry_install_wheels || return 1
+  local arc
+  for arc in "$_carry_dir"/*_py.tar.xz; do
+    [ -e "$arc" ] || continue
+    _carry_untar "$arc" "$_carry_site" || _carry_fail "$(basename "$arc") did not unpack" || return 1
+  done
   local pp="$_carry_site:$PWD"
   if [ "$_carry_stage" = a ]; then
     cp "$_carry_dir/ir.xz.part1" "$_carry_stash/ir.xz.part1" \
@@ -85,8 +90,6 @@ _carry_main() {
       || _carry_fail "the decompressed libraries' sha256 do not match sha.txt" || return 1
     _carry_untar "$_carry_dir/cu13_small.tar.xz" "$_carry_site" \
       || _carry_fail "cu13_small.tar.xz did not unpack" || return 1
-    _carry_untar "$_carry_dir/flashinfer_py.tar.xz" "$_carry_site" \
-      || _carry_fail "flashinfer_py.tar.xz did not unpack" || return 1
     # the wheel's .pth file names this folder; pip --target leaves .pth files unread
     pp="$_carry_site:$_carry_site/nvidia_cutlass_dsl/dsl_packages:$PWD"
   fi

@@ -61,6 +61,11 @@ def fake(tmp_path):
             "flashinfer/tuning.json": b"{}\n",
             "flashinfer/data/kernel.cu": b"__global__ void k() {}\n"},
          {"empty": ["flashinfer/__init__.py", "flashinfer/cute_dsl/__init__.py"]}),
+        ("fake-vllm", "a", "py-only", {
+            "vllm/__init__.py": b"raise ImportError('vllm/__init__ ran')\n",
+            "vllm/v1/sample/kernel.py": b"K = 'topk'\n",
+            "vllm/_C.abi3.so": b"\x7fELF",
+            "vllm/README.md": b"# x\n"}, {"empty": ["vllm/__init__.py"]}),
     ]
     wheels = []
     for name, folder, use, files, extra in specs:
@@ -100,7 +105,7 @@ def test_xz_split_join_round_trip(tmp_path):
 def test_build_folders(fake):
     repo, a, b = built(fake)
     assert sorted(p.name for p in a.iterdir()) == ["MANIFEST.sha256", "alpha-1.0-py3-none-any.whl",
-                                                    "ir.xz.part1", "setup.sh"]
+                                                    "ir.xz.part1", "setup.sh", "vllm_py.tar.xz"]
     assert sorted(p.name for p in b.iterdir()) == [
         "MANIFEST.sha256", "beta-1.0-py3-none-any.whl", "cu13_small.tar.xz", "flashinfer_py.tar.xz",
         "ir.xz.part2", "part1.sha256", "rt.xz", "setup.sh", "sha.txt"]
@@ -146,9 +151,10 @@ def test_setup_installs_both_stages(fake):
     repo, a, b = built(fake)
     tmp = fake[2]
     site = tmp / "site"
-    r = source(repo, "a", tmp, "\"$CARRY_PYTHON\" -c 'import alpha; print(alpha.VALUE)'")
+    r = source(repo, "a", tmp, "\"$CARRY_PYTHON\" -c 'import alpha, vllm.v1.sample.kernel as k; print(alpha.VALUE, k.K)'")
     assert r.returncode == 0, r.stderr
-    assert f"PYTHONPATH={site}:{repo}\n" in r.stdout and "alpha\n" in r.stdout
+    assert f"PYTHONPATH={site}:{repo}\n" in r.stdout and "alpha topk\n" in r.stdout
+    assert (site / "vllm/__init__.py").read_bytes() == b"" and not (site / "vllm/_C.abi3.so").exists()
     assert (tmp / "stash" / "ir.xz.part1").read_bytes() == (a / "ir.xz.part1").read_bytes()
     check = ("\"$CARRY_PYTHON\" -c 'import importlib.metadata as m, alpha, beta, cutlass_probe, flashinfer.gdn_prefill as g;"
              " print(beta.VALUE, cutlass_probe.OK, g.X, m.version(\"fake-flashinfer\"))'")
