@@ -51,6 +51,9 @@ def load_vllm_top_k_top_p():
     except ImportError as e:
         raise SystemExit(f"sampler_bench: vLLM's sampler kernel is not importable ({e}); "
                          "source .carry-a/setup.sh a first (make carry builds it)") from None
+    # vLLM asks its platform object for the SM count, and that object loads vLLM's compiled extension,
+    # which does not travel; CudaPlatform.num_compute_units is this (vllm/platforms/cuda.py).
+    mod.num_compute_units = lambda device_id=0: torch.cuda.get_device_properties(device_id).multi_processor_count
     return mod.apply_top_k_top_p_triton, Path(mod.__file__)
 
 
