@@ -40,7 +40,8 @@ MODES = ("graph", "eager")
 TOP_K, TOP_P, TEMPERATURE = 20, 0.95, 1.0  # Qwen3.5's recommended thinking-mode sampling
 TRITON_FROM_ROWS = 8  # `apply_top_k_top_p`: the Triton kernel from 8 rows, a full torch sort below
 COPIES = 2  # logits tensors a timing alternates between (each of 8 rows or more exceeds the L2 alone)
-COLUMNS = ("vocab", "dist", "rows", "mode", "path", "greedy_us", "sampled_us", "extra_us",
+SAMPLINGS = ("top_k_top_p", "random")  # every request random: with top-k and top-p, and without
+COLUMNS = ("sampling", "vocab", "dist", "rows", "mode", "path", "greedy_us", "sampled_us", "extra_us",
            "greedy_us_p90", "sampled_us_p90", "reps", "pct_copy")
 
 
@@ -76,11 +77,14 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
     return logits.to(torch.float32).argmax(dim=-1)
 
 
-def sampled(logits: torch.Tensor, temp: torch.Tensor, k: torch.Tensor, p: torch.Tensor, top_k_top_p) -> torch.Tensor:
-    """`Sampler.forward` for all-random requests without logprobs or penalties, in vLLM's order."""
+def sampled(logits: torch.Tensor, temp: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None,
+            top_k_top_p) -> torch.Tensor:
+    """`Sampler.forward` for all-random requests without logprobs or penalties, in vLLM's order
+    (k and p None: no request asks for top-k or top-p, and `apply_top_k_top_p` returns at once)."""
     x = logits.to(torch.float32)
     x.div_(temp.unsqueeze(dim=1))  # apply_temperature
-    x = top_k_top_p(x, k, p) if x.shape[0] >= TRITON_FROM_ROWS else torch_top_k_top_p(x, k, p)
+    if k is not None or p is not None:
+        x = top_k_top_p(x, k, p) if x.shape[0] >= TRITON_FROM_ROWS else torch_top_k_top_p(x, k, p)
     probs = x.softmax(dim=-1, dtype=torch.float32)
     q = torch.empty_like(probs)
     q.exponential_()
@@ -138,33 +142,33 @@ def main(argv: list[str] | None = None) -> int:
     out_rows: list[dict] = []
     skipped: list[str] = []
     with torch.inference_mode():
-        for vocab in vocabs:
-            for dist in DISTS:
-                for rows in rows_list:
-                    if time.monotonic() - t0 > args.time_budget_s:
-                        skipped.append(f"vocab={vocab} dist={dist} rows={rows}")
-                        continue
-                    srcs = [make_logits(rows, vocab, dist, gen, dev) for _ in range(COPIES)]
-                    temp = torch.full((rows,), TEMPERATURE, device=dev)
-                    k = torch.full((rows,), TOP_K, dtype=torch.int32, device=dev)
-                    p = torch.full((rows,), TOP_P, device=dev)
-                    for mode in MODES:
-                        g = _timed(greedy, srcs, mode, dev)
-                        s = _timed(lambda x: sampled(x, temp, k, p, top_k_top_p), srcs, mode, dev)
-                        # bytes of the greedy path's pass (bf16 read, fp32 write, fp32 read) at the copy rate
-                        nbytes = rows * vocab * (2 + 4 + 4)
-                        out_rows.append({
-                            "vocab": vocab, "dist": dist, "rows": rows, "mode": mode,
-                            "path": "triton" if rows >= TRITON_FROM_ROWS else "torch-sort",
-                            "greedy_us": round(g.us, 2), "sampled_us": round(s.us, 2),
-                            "extra_us": round(s.us - g.us, 2), "greedy_us_p90": round(g.us_p90, 2),
-                            "sampled_us_p90": round(s.us_p90, 2), "reps": min(g.reps, s.reps),
-                            "pct_copy": round(100 * nbytes / (g.us * 1e-6) / (bw * 1e9), 1)})
-                        r = out_rows[-1]
-                        print(f"[{time.monotonic() - t0:5.1f}s] V={vocab} {dist} rows={rows} {mode}: greedy "
-                              f"{r['greedy_us']} us, sampled {r['sampled_us']} us (+{r['extra_us']})", flush=True)
-                    del srcs
-                    torch.cuda.empty_cache()
+        for sampling, vocab, dist in [(m, v, d) for m in SAMPLINGS for v in vocabs for d in DISTS
+                                      if m == "top_k_top_p" or d == "gaussian"]:  # no pivot search: one distribution
+            for rows in rows_list:
+                if time.monotonic() - t0 > args.time_budget_s:
+                    skipped.append(f"sampling={sampling} vocab={vocab} dist={dist} rows={rows}")
+                    continue
+                srcs = [make_logits(rows, vocab, dist, gen, dev) for _ in range(COPIES)]
+                temp = torch.full((rows,), TEMPERATURE, device=dev)
+                k = torch.full((rows,), TOP_K, dtype=torch.int32, device=dev) if sampling == "top_k_top_p" else None
+                p = torch.full((rows,), TOP_P, device=dev) if sampling == "top_k_top_p" else None
+                for mode in MODES:
+                    g = _timed(greedy, srcs, mode, dev)
+                    s = _timed(lambda x: sampled(x, temp, k, p, top_k_top_p), srcs, mode, dev)
+                    # bytes of the greedy path's pass (bf16 read, fp32 write, fp32 read) at the copy rate
+                    nbytes = rows * vocab * (2 + 4 + 4)
+                    out_rows.append({
+                        "sampling": sampling, "vocab": vocab, "dist": dist, "rows": rows, "mode": mode,
+                        "path": "none" if k is None else "triton" if rows >= TRITON_FROM_ROWS else "torch-sort",
+                        "greedy_us": round(g.us, 2), "sampled_us": round(s.us, 2),
+                        "extra_us": round(s.us - g.us, 2), "greedy_us_p90": round(g.us_p90, 2),
+                        "sampled_us_p90": round(s.us_p90, 2), "reps": min(g.reps, s.reps),
+                        "pct_copy": round(100 * nbytes / (g.us * 1e-6) / (bw * 1e9), 1)})
+                    r = out_rows[-1]
+                    print(f"[{time.monotonic() - t0:5.1f}s] {sampling} V={vocab} {dist} rows={rows} {mode}: greedy "
+                          f"{r['greedy_us']} us, sampled {r['sampled_us']} us (+{r['extra_us']})", flush=True)
+                del srcs
+                torch.cuda.empty_cache()
     args.out.mkdir(parents=True, exist_ok=True)
     tmp = args.out / "sampler.csv.tmp"
     with tmp.open("w", newline="") as f:
