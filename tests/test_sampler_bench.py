@@ -52,8 +52,9 @@ def test_sampled_tokens_come_from_the_top_k_top_p_set(rows):
     # vLLM's kernel from 8 rows, the sort below (`apply_top_k_top_p`)
     assert calls == ([rows] * 5 if rows >= S.TRITON_FROM_ROWS else [])
     # no top-k or top-p asked: no mask at all, any token can come out
-    draws = {int(S.sampled(logits[:1].expand(4096, -1), temp[:1].expand(4096), None, None, spy)[i]) for i in range(4096)}
-    assert len(calls) == 5 and len(draws) > 100
+    masked = len(calls)
+    draws = set(S.sampled(logits[:1].expand(2048, -1), temp[:1].expand(2048), None, None, spy).tolist())
+    assert len(calls) == masked and len(draws) > 100
     assert torch.equal(S.greedy(logits), logits.float().argmax(-1))
 
 
