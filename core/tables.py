@@ -72,6 +72,19 @@ HOST_OPS: dict[str, str] = {
 }
 
 
+# sampler.csv (beside the model folders; calibrate.sampler_bench): what vLLM's sampler costs beyond
+# the lm_head table's greedy argmax, per sampling path, vocabulary, logits distribution and rows.
+SAMPLER_COLUMNS = ("sampling", "vocab", "dist", "rows", "mode", "path", "greedy_us", "sampled_us", "extra_us",
+                   "greedy_us_p90", "sampled_us_p90", "reps", "pct_copy")
+
+
+# gdn_mixed.csv (per model; calibrate.gdn_mixed_bench): one GDN layer's core in a step of B one-token
+# decodes and one `tokens`-token prefill as vLLM runs it (all through the chunked prefill kernel, their
+# states gathered and scattered), the prefill alone, and the difference: what the decodes cost there.
+GDN_MIXED_COLUMNS = ("model", "mode", "B", "tokens", "us", "us_p10", "us_p90", "reps", "prefill_alone_us", "extra_us",
+                     "state_bytes_moved", "pct_copy")
+
+
 class TableError(ValueError):
     """A calibration table is missing, malformed or incomplete."""
 
