@@ -33,6 +33,7 @@ from calibrate import provenance
 from calibrate.profile_peak import apply_top_k_top_p as torch_top_k_top_p, check_sampler
 from calibrate.timing import Timing, copy_bandwidth_gbs, time_calls
 from core.config import load_model
+from core.tables import SAMPLER_COLUMNS
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 4096)
 DISTS = ("gaussian", "peaked")
@@ -41,8 +42,6 @@ TOP_K, TOP_P, TEMPERATURE = 20, 0.95, 1.0  # Qwen3.5's recommended thinking-mode
 TRITON_FROM_ROWS = 8  # `apply_top_k_top_p`: the Triton kernel from 8 rows, a full torch sort below
 COPIES = 2  # logits tensors a timing alternates between (each of 8 rows or more exceeds the L2 alone)
 SAMPLINGS = ("top_k_top_p", "random")  # every request random: with top-k and top-p, and without
-COLUMNS = ("sampling", "vocab", "dist", "rows", "mode", "path", "greedy_us", "sampled_us", "extra_us",
-           "greedy_us_p90", "sampled_us_p90", "reps", "pct_copy")
 
 
 def load_vllm_top_k_top_p():
@@ -172,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     tmp = args.out / "sampler.csv.tmp"
     with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w = csv.DictWriter(f, fieldnames=SAMPLER_COLUMNS)
         w.writeheader()
         w.writerows(out_rows)
     tmp.replace(args.out / "sampler.csv")

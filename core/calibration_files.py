@@ -14,11 +14,12 @@ from pathlib import Path
 from core.tables import DECODE_CONV, TABLES
 
 # Beside the model folders: the commit policies' verify and commit kernels per model.
-GPU_FILES = ("kernels.csv",)
+GPU_FILES = ("kernels.csv", "sampler.csv")  # + what sampling costs beyond greedy argmax
 # In `<calibration_dir>/<model>/`.
 MODEL_FILES = (
     *(f"{name}.csv" for name in TABLES),  # the layer tables
     f"{DECODE_CONV}.csv",  # the GDN decode core around the policy's kernels
+    "gdn_mixed.csv",  # a mixed step's decodes through vLLM's chunked GDN path
     "step_check.csv",  # the per-step host overhead
     "host.csv", "host_policies.csv", "host_fit.json",  # the host model
     "memory.json", "profile_peak.json",  # the profile run's peak in the memory budget

@@ -9,6 +9,10 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 DType = Literal["float32", "bfloat16", "float16"]
+# vLLM 0.17.1's sampling paths for a batch whose requests are all alike (v1/sample/sampler.py,
+# docs/sampling.md): argmax; temperature, softmax and an exponential draw; the same after vLLM's
+# top-k/top-p mask.
+SamplingPath = Literal["greedy", "random", "top_k_top_p"]
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "bf16": 2, "fp8": 1}
 
 

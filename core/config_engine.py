@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from core.config_base import DTYPE_BYTES, Strict
+from core.config_base import DTYPE_BYTES, SamplingPath, Strict
 
 
 PerformanceMode = Literal["balanced", "interactivity", "throughput"]  # vLLM 0.17.1 config/vllm.py
@@ -38,6 +38,9 @@ class EngineConfig(Strict):
     async_scheduling: bool = True
     # vLLM v1 schedules spec_token_ids[:budget - 1] when the budget is short; false: 1 token (chains only)
     truncate_drafts: bool = True
+    # What the requests' sampling asks of the sampler (docs/sampling.md): "model" = the checkpoint's
+    # generation config, as for clients that send no sampling parameters (the model's generation_sampling)
+    sampling: Literal["model"] | SamplingPath = "model"
 
     @field_validator("gmu")
     @classmethod
@@ -60,6 +63,10 @@ class EngineConfig(Strict):
     @property
     def resolved_mamba_cache_mode(self) -> Literal["none", "align"]:
         return self.mamba_cache_mode or ("align" if self.enable_prefix_caching else "none")
+
+    def sampling_path(self, model_default: SamplingPath) -> SamplingPath:
+        """The sampler path the steps run, given the model's `generation_sampling`."""
+        return model_default if self.sampling == "model" else self.sampling
 
     @property
     def kv_dtype_bytes(self) -> int:

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from core.config_base import DTYPE_BYTES, DType, Strict
+from core.config_base import DTYPE_BYTES, DType, SamplingPath, Strict
 from core.weight_bytes import FP8_BYTES, fp8_weight_bytes
 
 
@@ -93,6 +93,10 @@ class ModelConfig(Strict):
     # float32); a model without the field (Qwen3-Next) keeps its SSM state in `dtype`.
     mamba_ssm_dtype: DType = "bfloat16"
     kv_dtype_bytes: int = Field(2, gt=0)  # set from engine.kv_cache_dtype by sim.budget.served_model
+    # The sampling path of a request that sends no sampling parameters: vLLM applies the checkpoint's
+    # generation_config.json (--generation-config auto): "top_k_top_p" when it sets top_k or top_p,
+    # "greedy" at temperature 0, else "random" (vLLM's own default, temperature 1). docs/sampling.md.
+    generation_sampling: SamplingPath = "random"
 
     @property
     def state_dtype_bytes(self) -> int:

@@ -19,6 +19,7 @@ from policies import CommitPolicy
 from sim.host_model import HostCosts
 from sim.latency import TERMS, US, LatencyModel, LatencySources, StepBatch
 from sim.latency_analytic import GDN_FLOPS_PER_STATE_ELEMENT
+from sim.sampler_cost import SamplerCost
 
 PRICINGS = ("pipeline", "eager_sum")
 
@@ -27,7 +28,8 @@ class CalibratedParts:
     def __init__(self, model: ModelConfig, hw: HardwareConfig, policy: CommitPolicy, engine_cfg: EngineConfig,
                  tables: dict[tuple[str, str], GridInterpolator], kernels: dict[str, Any],
                  overhead_us: float | None, fallback: LatencyModel | None, piecewise: bool = True,
-                 host: HostCosts | None = None, decode_conv: Curve1D | None = None) -> None:
+                 host: HostCosts | None = None, decode_conv: Curve1D | None = None,
+                 sampler: SamplerCost | None = None, gdn_mixed: GridInterpolator | None = None) -> None:
         self.model, self.hw, self.policy, self.fallback = model, hw, policy, fallback
         self.piecewise = piecewise
         self.pricing = engine_cfg.latency_pricing
@@ -77,6 +79,11 @@ class CalibratedParts:
                                    "gdn_prefill's; no gdn_prefill_varlen table times the conv with it)")
         if "commit" not in kernels:
             src["gdn_commit"] = "analytic"
+        self.gdn_mixed = gdn_mixed
+        self.sampler = sampler or SamplerCost(None)
+        if self.sampler.note:
+            src["lm_head"] = "mixed"
+            notes["lm_head"] = self.sampler.note
         if self.tp > 1:
             src["allreduce"] = "analytic"
             notes["allreduce"] = f"a ring over NVLink at {hw.nvlink_bandwidth_gbs} GB/s (one GPU measures no NCCL)"
@@ -121,6 +128,11 @@ class CalibratedParts:
     def token_part_us(self, table: str, mode: str, n: float) -> float:
         """A token-proportional layer part (GEMM intensity is about its token count)."""
         return self.curve_us(table, mode, n) * self.derived_factor(n) if n > 0 else 0.0
+
+    def sampler_us(self, rows: float) -> float:
+        """What the requests' sampling adds over `rows` logits rows beyond the LM head's argmax
+        (memory-bound: every pass reads the rows' logits)."""
+        return self.sampler.us(rows) * (self.scale["memory_bound"] if self.derived else 1.0)
 
     def moe_us(self, mode: str, n: float) -> float:
         """The feed-forward block of one layer over n tokens (the MoE, or a dense model's MLP)."""
@@ -180,6 +192,15 @@ class CalibratedParts:
             c = curves.get(mode) or next(iter(curves.values()))
             base += max(0.0, c.partial()(b.decode_seqs) - base) * cached / m_tokens
         return base
+
+    def mixed_decodes_us(self, b: StepBatch) -> float | None:
+        """One GDN layer's GPU time for the decodes of a step that also prefills, where vLLM 0.17.1
+        runs them with the prefill through its chunked kernel (no speculation: every request is
+        "non-spec", `Qwen3NextGatedDeltaNet._forward_core`); None where that is not the step's path
+        or gdn_mixed.csv was not measured. docs/step_model.md#mixed-steps."""
+        if self.gdn_mixed is None or not (b.prefill_seqs and b.decode_seqs) or b.spec_seqs:
+            return None
+        return self.gdn_mixed(b.decode_seqs, b.prefill_tokens) * self.derived_factor(0.0)
 
     def commit_us(self, mode: str, b: StepBatch) -> float:
         if self.policy.commit_is_index_update():

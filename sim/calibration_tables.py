@@ -11,9 +11,11 @@ from pathlib import Path
 from core.calibration_files import model_file
 from core.config import HardwareConfig
 from core.interp import Curve1D, GridInterpolator, from_rows
-from core.tables import DECODE_CONV, DECODE_CONV_COLUMNS, STEP_COLUMNS, TABLES, TableError, read_rows
+from core.tables import (DECODE_CONV, DECODE_CONV_COLUMNS, GDN_MIXED_COLUMNS, STEP_COLUMNS, TABLES, TableError,
+                         read_rows)
 
 MODES = ("graph", "eager")
+MIXED_FLOOR_US = 0.01
 
 
 def _file(mdir: Path, name: str) -> Path:
@@ -58,6 +60,23 @@ def load_decode_conv(mdir: Path, policy: str, *, extrapolate: bool = True) -> Cu
     try:
         return from_rows(f"{mdir.name}/{DECODE_CONV}[{policy}]", rows, ("tokens",), ("log",),
                          extrapolate=extrapolate).partial()
+    except ValueError as e:
+        raise TableError(f"{path}: {e}") from None
+
+
+def load_gdn_mixed(mdir: Path, *, extrapolate: bool = True) -> GridInterpolator | None:
+    """What B one-token decodes cost one GDN layer in a step with an n-token prefill, where vLLM runs
+    them through its chunked prefill path (gdn_mixed.csv's extra over the prefill alone, over B >= 1
+    and n); None where it was not measured. Below about 64 decodes the eager timings are bound by
+    the host's launches and their difference is noise, at times negative: it counts as zero (as
+    MIXED_FLOOR_US, the interpolation being in log space)."""
+    path = _file(mdir, "gdn_mixed.csv")
+    if not path.exists():
+        return None
+    rows = [{"B": r["B"], "tokens": r["tokens"], "us": max(MIXED_FLOOR_US, r["extra_us"])}
+            for r in read_rows(path, GDN_MIXED_COLUMNS) if r["B"] >= 1]
+    try:
+        return from_rows(f"{mdir.name}/gdn_mixed", rows, ("B", "tokens"), ("log", "log"), extrapolate=extrapolate)
     except ValueError as e:
         raise TableError(f"{path}: {e}") from None
 

@@ -14,12 +14,13 @@ from core.config import REPO_ROOT, EngineConfig, HardwareConfig, ModelConfig, Po
 from core.tables import TABLES
 from policies import CommitPolicy, make_policy
 from sim.calibrated_parts import CalibratedParts
-from sim.calibration_tables import derived_scale, load_decode_conv, load_overhead, load_tables
+from sim.calibration_tables import derived_scale, load_decode_conv, load_gdn_mixed, load_overhead, load_tables
 from sim.host_model import HostCosts
 from sim.kernel_rows import load_kernels
 from sim.latency import LatencyModel, StepBatch, StepTime, StepTimes
 from sim.pricing_eager_sum import EagerSumPricing
 from sim.pricing_pipeline import PipelineParts, PipelinePricing
+from sim.sampler_cost import load_sampler
 
 
 class CalibratedLatencyModel(CalibratedParts):
@@ -61,7 +62,10 @@ class CalibratedLatencyModel(CalibratedParts):
             host = HostCosts.load(model_file(root, model.calibration_name, "host.csv"), step_us, derived_scale(hw, "overhead"), step_source,
                                   extrapolate=extrapolate, policy=policy.name)
         decode_conv = load_decode_conv(mdir, policy.name, extrapolate=extrapolate)
-        return cls(model, hw, policy, engine_cfg, tables, kernels, overhead, fallback, piecewise, host, decode_conv)
+        sampler = load_sampler(gpu_file(root, "sampler.csv"), engine_cfg.sampling_path(model.generation_sampling),
+                               model.vocab_size, extrapolate=extrapolate)
+        return cls(model, hw, policy, engine_cfg, tables, kernels, overhead, fallback, piecewise, host, decode_conv,
+                   sampler, load_gdn_mixed(mdir, extrapolate=extrapolate))
 
     # ------------------------------------------------------------------ the step
     def step_time(self, b: StepBatch) -> StepTime:

@@ -17,7 +17,7 @@ from sim.latency import LatencyModel
 from sim.latency_analytic import AnalyticLatencyModel
 from sim.latency_calibrated import CalibratedLatencyModel
 
-ENGINE_FIELDS = ("latency_pricing", "async_scheduling", "step_overhead_us")  # all a latency model reads of the engine
+ENGINE_FIELDS = ("latency_pricing", "async_scheduling", "step_overhead_us", "sampling")  # all a latency model reads of the engine
 KEPT = 8  # latency models a process keeps
 _kept: OrderedDict[str, LatencyModel] = OrderedDict()
 

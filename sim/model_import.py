@@ -36,6 +36,7 @@ FAMILIES: dict[str, str] = {
 LAYER_KINDS = {"linear_attention": "gdn", "full_attention": "attn"}
 TP_CHOICES = (1, 2, 4, 8)
 DEFAULT_MTP_DEPTH = 3  # the drafts per step the study serves (vLLM num_speculative_tokens); not a checkpoint fact
+SAMPLING_EPS = 1e-5  # vLLM's _SAMPLING_EPS (v1/sample/sampler.py): a lower temperature samples greedily
 SIZE = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)b(?:-a(\d+(?:\.\d+)?)b)?(?![a-z0-9])")
 
 
@@ -209,7 +210,7 @@ def _tensor_parallel(m: dict[str, Any], hardware: str, imp: Imported) -> None:
 
 
 def import_config(cfg: dict[str, Any], source: str, name: str, tensor_parallel: int | None = None,
-                  hardware: str = "h200") -> Imported:
+                  hardware: str = "h200", generation: dict[str, Any] | None = None) -> Imported:
     text = text_config(cfg, source)
     imp = Imported({})
     pattern, layers = layer_pattern(text, source)
@@ -238,6 +239,11 @@ def import_config(cfg: dict[str, Any], source: str, name: str, tensor_parallel: 
     _ffn(text, source, imp)
     m["vocab_size"] = _count(text, source, "vocab_size")
     m["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
+    m["generation_sampling"], why = generation_sampling(generation)
+    if generation is None:
+        imp.defaults["generation_sampling"] = f"random ({why})"
+    else:
+        imp.notes.append(f"generation_sampling {m['generation_sampling']} ({why})")
     mtp_keys = [k for k in ("mtp_num_hidden_layers", "num_nextn_predict_layers") if text.get(k) is not None]
     if not mtp_keys:
         imp.defaults["mtp_num_hidden_layers"] = "1 (no mtp_num_hidden_layers: vLLM's MTP drafter runs one layer)"
@@ -270,6 +276,20 @@ def import_config(cfg: dict[str, Any], source: str, name: str, tensor_parallel: 
         _tensor_parallel(m, hardware, imp)
     check_model(m, f"{source} imported as {name}")
     return imp
+
+
+def generation_sampling(gen: dict[str, Any] | None) -> tuple[str, str]:
+    """The sampling path vLLM 0.17.1 gives a request that sends no sampling parameters, from the
+    checkpoint's generation_config.json (`ModelConfig.get_diff_sampling_param` reads its temperature,
+    top_k and top_p, not do_sample), and why. docs/sampling.md."""
+    if gen is None:
+        return "random", "no generation_config.json beside config.json: vLLM's own defaults, temperature 1"
+    temperature, top_k, top_p = gen.get("temperature"), gen.get("top_k"), gen.get("top_p")
+    if isinstance(temperature, (int, float)) and temperature < SAMPLING_EPS:
+        return "greedy", f"generation_config.json: temperature {temperature}"
+    if (isinstance(top_k, int) and top_k > 0) or (isinstance(top_p, (int, float)) and top_p < 1.0):
+        return "top_k_top_p", f"generation_config.json: top_k {top_k}, top_p {top_p}"
+    return "random", f"generation_config.json: temperature {temperature}, no top_k or top_p"
 
 
 def check_model(m: dict[str, Any], source: str) -> None:
@@ -319,7 +339,14 @@ def main(args: argparse.Namespace) -> int:
     out = args.out or CONFIG_DIR / "models" / f"{name}.yaml"
     if out.exists() and not args.force:
         raise ConfigError(f"--out {out} exists; pass --force to overwrite it")
-    imp = import_config(cfg, str(args.config), name, args.tensor_parallel, args.hardware)
+    gen_path = args.config.parent / "generation_config.json"
+    try:
+        generation = json.loads(gen_path.read_text()) if gen_path.is_file() else None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{gen_path}: not valid JSON: {e}") from None
+    if generation is not None and not isinstance(generation, dict):
+        raise ConfigError(f"{gen_path}: expected a JSON object at the top level")
+    imp = import_config(cfg, str(args.config), name, args.tensor_parallel, args.hardware, generation)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, render(imp, f"{args.config.resolve().parent.name}/{args.config.name}"))
     print(f"wrote {out}")

@@ -94,7 +94,7 @@ class EagerSumPricing:
                 add(term, self._decode_curve(mode, b.decode_seqs, per_seq, coef))
                 add(term, self._prefill_curve(mode, b.prefill_seqs, b.prefill_tokens, coef))
         us["moe"] = m.num_layers * moe(dense, n)
-        us["lm_head"] = tok("lm_head", dense, dec_tok + b.prefill_seqs)
+        us["lm_head"] = tok("lm_head", dense, dec_tok + b.prefill_seqs) + lat.sampler_us(dec_tok + b.prefill_seqs)
         allreduce = 2 * m.num_layers * ar(n)
 
         if b.draft_depth and b.spec_seqs:

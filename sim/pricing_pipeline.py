@@ -186,7 +186,7 @@ class PipelinePricing:
         verify, commit = self.gdn_decode_us(b)
         prefill = self._gdn_prefill_us(b)
         rows = b.decode_tokens + P  # logits rows: every verify position, each prefill's last token
-        lm = lat.token_part_us("lm_head", g, rows)
+        lm = lat.token_part_us("lm_head", g, rows) + lat.sampler_us(rows)
         drafter_key = (N, b.num_seqs, b.draft_depth)
         drafter = self._drafter.get(drafter_key)
         if drafter is None:
@@ -271,6 +271,9 @@ class PipelinePricing:
                 out.append(lat.decode_roofline_us(b, term))
         if lat.decode_conv is not None:  # the core's gating, conv verify/commit and q/k norms
             out[0] += lat.derived_factor(0.0) * lat.decode_conv(b.decode_tokens)
+        mixed = lat.mixed_decodes_us(b)
+        if mixed is not None:  # vLLM's chunked path for decodes beside a prefill, never below their own kernel
+            out[0] = max(out[0], mixed)
         return out[0], out[1]
 
     def _gdn_prefill_us(self, b: StepBatch) -> float:

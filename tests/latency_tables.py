@@ -4,7 +4,7 @@ pricing; test_calibrate_latency_pipeline.py: the pipeline pricing)."""
 import csv
 
 from core.config import EngineConfig, load_hardware, load_model, load_policy
-from core.tables import COLUMNS, SEQS_COLUMNS, STEP_COLUMNS, TABLES
+from core.tables import COLUMNS, SAMPLER_COLUMNS, SEQS_COLUMNS, STEP_COLUMNS, TABLES
 from policies import make_policy
 from sim.latency import StepBatch
 from sim.latency_analytic import AnalyticLatencyModel
@@ -25,6 +25,8 @@ def known(table, r):
         return 8.0 + 1e-3 * r["tokens"] + 1e-6 * r["tokens"] * r["ctx"]
     if table == "gdn_prefill_varlen":
         return 35.0 + 0.01 * r["tokens"] + 2.0 * r["seqs"]
+    if table == "sampler":  # top-k/top-p; random sampling costs half
+        return 40.0 + 3.0 * r["rows"]
     return {"gdn": 20.0, "attn_proj": 15.0, "moe": 300.0, "mlp": 280.0, "lm_head": 250.0, "mtp_fc": 6.0,
             "gdn_prefill": 30.0}[table] + 0.01 * r["tokens"]
 
@@ -36,10 +38,18 @@ def write_csv(path, rows, columns):
         w.writerows(rows)
 
 
-def make_tables(root, kernels=True, steps=True, skip=(), model=MODEL):
-    """Every table of `model`'s calibration folder (its calibration_name) under root."""
+def make_tables(root, kernels=True, steps=True, skip=(), model=MODEL, sampler=True):
+    """Every table of `model`'s calibration folder (its calibration_name) under root, and the GPU's
+    sampler table for its vocabulary (with a decoy row set of another vocabulary and distribution)."""
     mdir = root / model
     mdir.mkdir(parents=True)
+    if sampler:
+        vocab = load_model(model).vocab_size
+        write_csv(root / "sampler.csv", [
+            {c: 0 for c in SAMPLER_COLUMNS} | {"sampling": s, "vocab": v, "dist": d, "rows": n, "mode": mode,
+                                               "extra_us": k * known("sampler", {"rows": n}) * (1 if v == vocab else 9)}
+            for s, d, k in (("top_k_top_p", "peaked", 1.0), ("top_k_top_p", "gaussian", 7.0), ("random", "gaussian", 0.5))
+            for v in (vocab, 1000) for n in AXES["tokens"] for mode in ("graph", "eager")], SAMPLER_COLUMNS)
     for name, spec in TABLES.items():
         if name in skip:
             continue

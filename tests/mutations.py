@@ -35,6 +35,22 @@ class Mutation:
 
 
 MUTATIONS = (
+    Mutation("mixed-decodes-ignored", "a mixed step's decodes priced by their decode kernel, not vLLM's chunked path",
+             "        if mixed is not None:  # vLLM's chunked path", "        if False:  # vLLM's chunked path",
+             ("tests/test_gdn_mixed.py",)),
+    Mutation("mixed-decodes-with-speculation", "speculating decodes beside a prefill sent through the chunked path too",
+             "if self.gdn_mixed is None or not (b.prefill_seqs and b.decode_seqs) or b.spec_seqs:",
+             "if self.gdn_mixed is None or not (b.prefill_seqs and b.decode_seqs):",
+             ("tests/test_gdn_mixed.py",)),
+    Mutation("sampler-unpriced", "the pipeline pricing leaves out what the requests' sampling adds to the LM head",
+             'lm = lat.token_part_us("lm_head", g, rows) + lat.sampler_us(rows)', 'lm = lat.token_part_us("lm_head", g, rows)',
+             ("tests/test_sampler_cost.py", "tests/test_calibrate_latency_pipeline.py")),
+    Mutation("sampler-smoothed", "the sampler curve made monotone, hiding vLLM's switch from its sort to the Triton kernel at 8 rows",
+             "extrapolate=extrapolate,\n                          monotone=False)", "extrapolate=extrapolate,\n                          monotone=True)",
+             ("tests/test_sampler_cost.py",)),
+    Mutation("sampler-engine-ignored", "engine.sampling ignored: every request takes the checkpoint's generation config",
+             'return model_default if self.sampling == "model" else self.sampling', "return model_default",
+             ("tests/test_sampler_cost.py",)),
     Mutation("frontend-slices", "every output of a step processed before any stream writes (not slice by slice)",
              "upto = min(outputs, (e.position // chunk + 1) * chunk)", "upto = outputs",
              ("tests/test_frontend.py",)),

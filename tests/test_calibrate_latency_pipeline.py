@@ -49,7 +49,9 @@ def test_mixed_step_priced_from_graph_tables_and_host_model(tmp_path):
     # the varlen prefill: ONE call per layer over the 160 tokens of both sequences
     verify = lm.kernels["verify"]["graph"](8)
     assert t["gdn_verify"] == pytest.approx(GDN_LAYERS * (verify + graph("gdn_prefill_varlen", 160, 2)))
-    assert t["lm_head"] == pytest.approx(graph("lm_head", 32 + 2))
+    # logits rows: every verify position and each prefill's last token, through the LM head and the sampler
+    assert t["lm_head"] == pytest.approx(graph("lm_head", 32 + 2) + lm.sampler_us(32 + 2))
+    assert lm.sampler_us(34) > lm.sampler_us(16) == pytest.approx(known("sampler", {"rows": 16}))
     # host: prepare (1) and the first piece (1) before the GPU starts, finish (1) after it;
     # every later launch (1 us) hides behind GPU work already queued
     assert t["overhead"] == pytest.approx(3.0)

@@ -12,7 +12,7 @@ from core.config import ConfigError, EngineConfig, ModelConfig, load_hardware, l
 from policies import make_policy
 from sim.cli import main as cli
 from sim.memory import memory_facts, pool_facts
-from sim.model_import import import_config, layer_pattern, param_counts
+from sim.model_import import generation_sampling, import_config, layer_pattern, param_counts
 
 FIXTURES = Path(__file__).parent / "data" / "hf_configs"
 # fixture folder -> the model YAML it must reproduce
@@ -28,14 +28,30 @@ def _hf(folder: str) -> dict:
     return json.loads((FIXTURES / folder / "config.json").read_text())
 
 
+# The fixtures hold each checkpoint's config.json only; its generation_config.json, which sets
+# top_k and top_p, is what the YAMLs' generation_sampling says (docs/sampling.md).
+TOP_K_TOP_P = {"temperature": 0.6, "top_k": 20, "top_p": 0.95}
+
+
 def _import(folder: str, **kw) -> ModelConfig:
-    imp = import_config(_hf(folder), folder, MODELS[folder], **kw)
+    imp = import_config(_hf(folder), folder, MODELS[folder], **{"generation": TOP_K_TOP_P, **kw})
     return ModelConfig.model_validate(imp.data)
 
 
 @pytest.mark.parametrize("folder", sorted(MODELS))
 def test_import_reproduces_the_model_yaml_field_for_field(folder):
     assert _import(folder).model_dump() == load_model(MODELS[folder]).model_dump()
+    # no generation_config.json: vLLM's own defaults, temperature 1 without top-k or top-p
+    assert _import(folder, generation=None).generation_sampling == "random"
+
+
+@pytest.mark.parametrize("gen, path", [
+    (None, "random"), ({}, "random"), ({"temperature": 0.7}, "random"), ({"temperature": 0.0, "top_k": 20}, "greedy"),
+    ({"top_k": 20}, "top_k_top_p"), ({"top_p": 0.8}, "top_k_top_p"), ({"top_k": 0, "top_p": 1.0}, "random"),
+    ({"top_k": -1, "do_sample": False}, "random"),  # vLLM reads no do_sample
+])
+def test_generation_config_selects_vllms_sampling_path(gen, path):
+    assert generation_sampling(gen)[0] == path
 
 
 @pytest.mark.parametrize("folder", sorted(MODELS))
@@ -58,7 +74,16 @@ def test_cli_writes_the_yaml_and_says_what_it_defaulted(tmp_path, capsys):
     # Qwen3-Next's config has no mamba_ssm_dtype: the state stays in the model dtype, and it says so
     assert "mamba_ssm_dtype = bfloat16" in printed and "tensor_parallel = 2" in printed
     written = ModelConfig.model_validate(yaml.safe_load(out.read_text()))
-    assert written.model_dump() == load_model("qwen3-next-80b-a3b").model_dump()
+    assert "generation_sampling = random (no generation_config.json" in printed
+    assert written.model_dump() == load_model("qwen3-next-80b-a3b").model_dump() | {"generation_sampling": "random"}
+    # with the checkpoint's generation_config.json beside it, its top_k and top_p
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text(src.read_text())
+    (folder / "generation_config.json").write_text(json.dumps(TOP_K_TOP_P))
+    assert cli(["model", "import", str(folder / "config.json"), "--name", "x", "--out", str(tmp_path / "x.yaml")]) == 0
+    assert "generation_sampling top_k_top_p (generation_config.json: top_k 20, top_p 0.95)" in capsys.readouterr().out
+    assert yaml.safe_load((tmp_path / "x.yaml").read_text())["generation_sampling"] == "top_k_top_p"
     # an existing file is not overwritten without --force
     assert cli(["model", "import", str(src), "--name", "qwen3-next-80b-a3b", "--out", str(out)]) == 2
     assert "exists" in capsys.readouterr().err
