@@ -1,4 +1,5 @@
 """The no-speculation baseline rows of the kernel bench: cases, bytes, and the float64 step they are checked against."""
+import pytest
 import torch
 
 from policies.kernels import reference as R
@@ -34,3 +35,27 @@ def test_decode_reference_is_the_literal_recurrence_with_vllm_gating():
     assert rel_err(s, states[:, 0]) < 1e-6
     assert rel_err(o, o_ref[:, 0] * 16 ** -0.5) < 1e-6
     assert rel_err(s, x["state"]) > 1e-2  # the step moved the state
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_vllm_decode_call_is_the_float64_step_on_the_gpu():
+    """vLLM 0.17.1's own decode call (carried), on scattered state slots with a poisoned output, against
+    the float64 step: each request's slot moves, the others stay."""
+    from policies.kernels.bench_fla import load_vllm_decode, vllm_decode_call
+    from policies.kernels.bench_policy import make_copy
+    fn = load_vllm_decode()
+    assert fn is not None, "vLLM's Python files are not carried (source .carry-a/setup.sh a)"
+    c = Case("qwen3.5-35b-a3b", 16, 32, 8, "", (-1,), "float32")
+    x = make_copy(c, 5)
+    a_log, dt_bias = torch.rand(32, device="cuda") - 0.5, torch.rand(32, device="cuda") - 0.5
+    o_ref, s_ref = decode_reference(x, a_log, dt_bias)
+    pool = torch.full((24, *x["state"].shape[1:]), float("nan"), device="cuda")
+    idx = torch.randperm(24, device="cuda")[:8].to(torch.int32)
+    pool[idx.long()] = x["state"]
+    before = pool.clone()
+    o = vllm_decode_call(fn, {**x, "state": pool}, a_log, dt_bias, idx, torch.arange(9, device="cuda", dtype=torch.int32))
+    assert rel_err(pool[idx.long()], s_ref) < 1e-5 and rel_err(o[0].float(), o_ref) < 1e-2
+    rest = torch.ones(24, dtype=torch.bool, device="cuda")
+    rest[idx.long()] = False
+    assert bool(torch.isnan(pool[rest]).all()) and bool(torch.isnan(before[rest]).all())
