@@ -137,7 +137,7 @@ docs: venv
 	$(PY) -m sim report --readme --write README.md
 	$(PY) -m sim report --readme --write docs/validation.md
 
-# The traced runs the step replay executes (calibrate/REPLAY.md): sharegpt, three policies x gmu 0.6 / 0.9
+# The traced runs the step replay executes (calibrate/replay/README.md): sharegpt, three policies x gmu 0.6 / 0.9
 # x concurrency 1 / 32 / 128 (20, 150, 300 requests).
 REPLAY_POLICIES := store_all reconstruct replay
 replay-steps: venv
@@ -147,11 +147,11 @@ replay-steps: venv
 	    > runs/replay/$$p-g$$g-c$${c%%:*}.log || exit 1; done; done; done
 
 # The packages the GPU machine's image lacks, for two device commands (docs/vllm_kernels.md, "Carrying
-# the CuTe DSL packages to the device"): the pinned wheels (calibrate/carry_pins.toml) downloaded into
+# the CuTe DSL packages to the device"): the pinned wheels (calibrate/carry/pins.toml) downloaded into
 # .carry-wheels/, or read from CARRY_WHEELS, then .carry-a/ and .carry-b/ built (xz -9e: minutes).
 CARRY_WHEELS ?=
 carry: venv
-	$(PY) -m calibrate.carry_pack --out . $(if $(CARRY_WHEELS),--wheels $(CARRY_WHEELS))
+	$(PY) -m calibrate.carry.pack --out . $(if $(CARRY_WHEELS),--wheels $(CARRY_WHEELS))
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -20,11 +20,11 @@ import shutil
 import tarfile
 from pathlib import Path
 
+from calibrate.device import provenance
+from calibrate.tables.grid import ALL_JOBS, GRIDS, jobs_for_part
 from core.config import REPO_ROOT, ConfigError, load_hardware, load_model, load_policy, model_names
 from core.files import atomic_write_text
-from calibrate import provenance
 from core.tables import TABLES
-from calibrate.grid import ALL_JOBS, GRIDS, jobs_for_part
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--faster-of", default="", metavar="TABLES",
                    help="comma list of tables (e.g. attn_decode,attn_prefill) that --src measured with another "
                         "stand-in for the same vLLM kernel on the folder's grid: each shape keeps the faster row, "
-                        "its `kernel` column says which (calibrate/merge_faster.py)")
+                        "its `kernel` column says which (calibrate/tables/merge_faster.py)")
 
     v = sub.add_parser("validate", help="held-out interpolation error and whole-step error")
     v.add_argument("--gpu", required=True)
@@ -102,7 +102,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a previous replay's <out>/<model> folder: its rows are kept and its steps not replayed "
                         "again (its provenance parts are carried over)")
     r.add_argument("--fit-host", action="store_true",
-                   help="with --summarize: first fit DIR/host_fit.json (host-op group scales, calibrate.host_fit) "
+                   help="with --summarize: first fit DIR/host_fit.json (host-op group scales, calibrate.replay.host_fit) "
                         "to DIR/replay_steps.csv, then re-price with it")
     r.add_argument("--summarize", type=Path, default=None, metavar="DIR",
                    help="no GPU: re-price DIR/replay_steps.csv with today's latency model (and the old eager "
@@ -124,7 +124,7 @@ def _models(names: list[str] | None) -> list[str]:
 
 
 def _measure(args: argparse.Namespace) -> int:
-    from calibrate.run import measure
+    from calibrate.tables.run import measure
 
     hw = load_hardware(args.gpu)
     out = args.out or _calib_root(args.gpu)
@@ -221,8 +221,8 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _merge_faster(src: Path, dst: Path, new_modes: set[str], old_parts: list[dict], new_parts: list[dict]) -> int:
-    """dst keeps, shape by shape, whichever of its rows and src's timed faster (calibrate.merge_faster)."""
-    from calibrate.merge_faster import faster_rows, kernel_label
+    """dst keeps, shape by shape, whichever of its rows and src's timed faster (calibrate.tables.merge_faster)."""
+    from calibrate.tables.merge_faster import faster_rows, kernel_label
 
     def raw(path: Path) -> list[dict]:  # the rows as written: measured text is never re-formatted
         with path.open(newline="") as f:
@@ -272,7 +272,7 @@ def _merge_csv(src: Path, dst: Path, new_modes: set[str]) -> tuple[str, list[str
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from calibrate.validate import validate_model
+    from calibrate.tables.validate import validate_model
 
     hw = load_hardware(args.gpu)
     root = REPO_ROOT / (hw.calibration_dir or "")
@@ -304,8 +304,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from calibrate.graphs import MODES
-    from calibrate.replay_summary import SUMMARY_KINDS
+    from calibrate.device.graphs import MODES
+    from calibrate.replay.summary import SUMMARY_KINDS
 
     if args.mode not in MODES:
         raise ConfigError(f"--mode must be one of {', '.join(MODES)}; got {args.mode!r}")
@@ -329,10 +329,10 @@ def _replay(args: argparse.Namespace) -> int:
         load_model(args.model)
     load_policy(args.policy)
     if args.summarize:
-        from calibrate.replay_outputs import read_replay_rows, write_outputs
-        from calibrate.replay_runs import load_run, reprice
-        from calibrate.replay_summary import fastest_passes, summarize
-        from sim.step_trace import StepTraceError
+        from calibrate.replay.outputs import read_replay_rows, write_outputs
+        from calibrate.replay.runs import load_run, reprice
+        from calibrate.replay.summary import fastest_passes, summarize
+        from sim.engine.step_trace import StepTraceError
 
         try:
             runs = {(run := load_run(p)).name: run for p in args.steps}
@@ -340,8 +340,8 @@ def _replay(args: argparse.Namespace) -> int:
             raise ConfigError(str(e)) from None
         rows = read_replay_rows(args.summarize / "replay_steps.csv")
         if args.fit_host:
-            from calibrate.host_fit import fit_host, prepare_steps, step_evaluator
-            from sim.host_model import HOST_FIT
+            from calibrate.replay.host_fit import fit_host, prepare_steps, step_evaluator
+            from sim.pricing.host_model import HOST_FIT
 
             fit_rows = fastest_passes(rows)  # as the summary scores them
             try:
@@ -351,14 +351,14 @@ def _replay(args: argparse.Namespace) -> int:
             fit = fit_host(evaluate, fit_rows, args.summarize / "replay_steps.csv")
             atomic_write_text(args.summarize / HOST_FIT, json.dumps(fit, indent=2) + "\n")
         reprice(rows, runs, args.gpu, print)
-        from calibrate.host_speed import tables_probe_from
+        from calibrate.replay.host_speed import tables_probe_from
 
         ref = tables_probe_from(args.summarize)
         write_outputs(args.summarize, rows, ref)
         print(json.dumps(summarize(rows, tables_probe_us=ref), indent=2))
         return 0
-    from calibrate.replay import replay
-    from sim.step_trace import StepTraceError
+    from calibrate.replay.run import replay
+    from sim.engine.step_trace import StepTraceError
 
     host_policies = [p for p in args.host_policies.split(",") if p] if args.host_policies else None
     for p in host_policies or []:

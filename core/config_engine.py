@@ -17,13 +17,13 @@ class EngineConfig(Strict):
     max_num_seqs: int | None = Field(None, gt=0)
     # vLLM's --performance-mode (0.17.1; docs/vllm.md#performance-mode): "throughput" doubles the
     # two defaults above (core.batch_limits), "interactivity" captures a CUDA graph at every batch
-    # size up to 32 tokens (sim.dispatch.capture_sizes)
+    # size up to 32 tokens (sim.pricing.dispatch.capture_sizes)
     performance_mode: PerformanceMode = "balanced"
     admission: Literal["full_prompt", "first_chunk"] = "full_prompt"  # vLLM 0.33 / older
     allocator: Literal["paged", "ideal"] = "paged"
     step_overhead_us: float | None = Field(None, ge=0)  # None: calibrated or the analytic default
     # Step time: "pipeline" = GPU-time tables + host launch costs as a two-resource pipeline
-    # (sim.host_model); "eager_sum" = the old sum of eager table rows (kept to compare).
+    # (sim.pricing.host_model); "eager_sum" = the old sum of eager table rows (kept to compare).
     latency_pricing: Literal["pipeline", "eager_sum"] = "pipeline"
     activation_peak_mib: float | None = Field(None, ge=0)  # None: calibrated or analytic
     # vLLM engine semantics (the memory and engine-semantics issues set the defaults to current vLLM's).

@@ -1,7 +1,7 @@
-"""The API server's event loop costs a run charges (`client.frontend`; sim/frontend.py, docs/frontend.md).
+"""The API server's event loop costs a run charges (`client.frontend`; sim/engine/frontend.py, docs/frontend.md).
 
 Seconds of vLLM's API-server event loop per engine step, per output, per server-sent event and
-per request, as `python -m calibrate.frontend_cost` measures them. The field takes the values
+per request, as `python -m calibrate.frontend.cost` measures them. The field takes the values
 or the path of such a measurement file (its `model` section is read), e.g.
 `--set client.frontend=validation/frontend_cost_2026-12-04.json`.
 """
@@ -40,4 +40,4 @@ class FrontendCosts(Strict):
             return json.loads(Path(data).read_text())["model"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{data}: not a front-end cost file with a 'model' section ({e!r}); "
-                             "write one with `python -m calibrate.frontend_cost --out FILE`") from None
+                             "write one with `python -m calibrate.frontend.cost --out FILE`") from None

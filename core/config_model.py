@@ -92,7 +92,7 @@ class ModelConfig(Strict):
     # HF config's mamba_ssm_dtype, which vLLM's mamba_ssm_cache_dtype=auto takes (Qwen3.5:
     # float32); a model without the field (Qwen3-Next) keeps its SSM state in `dtype`.
     mamba_ssm_dtype: DType = "bfloat16"
-    kv_dtype_bytes: int = Field(2, gt=0)  # set from engine.kv_cache_dtype by sim.budget.served_model
+    kv_dtype_bytes: int = Field(2, gt=0)  # set from engine.kv_cache_dtype by sim.engine.budget.served_model
     # The sampling path of a request that sends no sampling parameters: vLLM applies the checkpoint's
     # generation_config.json (--generation-config auto): "top_k_top_p" when it sets top_k or top_p,
     # "greedy" at temperature 0, else "random" (vLLM's own default, temperature 1). docs/sampling.md.

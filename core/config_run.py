@@ -20,12 +20,12 @@ class ClientConfig(Strict):
     arrival_process: Literal["gamma", "constant"] = "gamma"
     use_trace_arrivals: bool = False  # replay the workload's own timestamps
     time_scale: float = Field(1.0, gt=0)  # trace replay: multiply gaps by this
-    # The API server outside the engine (sim/client.py; docs/guidellm.md#outside-the-engine): seconds
+    # The API server outside the engine (sim/engine/client.py; docs/guidellm.md#outside-the-engine): seconds
     # per request for HTTP both ways and a token's detokenisation and stream, and seconds per prompt
     # token on its one tokeniser thread. 0 by default: the engine alone, as the sweeps compare policies
     round_trip_s: float = Field(0.0, ge=0)
     tokenize_s_per_token: float = Field(0.0, ge=0)
-    # vLLM's API-server event loop as a server of its own (sim/frontend.py, docs/frontend.md): its
+    # vLLM's API-server event loop as a server of its own (sim/engine/frontend.py, docs/frontend.md): its
     # costs, or the path of a measurement file; None: not modelled (the engine's clock is the client's)
     frontend: FrontendCosts | None = None
 
@@ -70,5 +70,5 @@ class RunConfig(Strict):
     seed: int = Field(0, ge=0, lt=2**63)  # numpy's SeedSequence takes non-negative integers
     trace_steps: bool = False  # write the per-step trace
     # vLLM's num_speculative_tokens: None keeps the model's mtp_depth and the policy's tree;
-    # 0 is another spelling of policy "none"; K > 0 drafts a chain of K (sim.speculation).
+    # 0 is another spelling of policy "none"; K > 0 drafts a chain of K (sim.runs.speculation).
     num_speculative_tokens: int | None = Field(None, ge=0)

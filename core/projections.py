@@ -1,9 +1,9 @@
 """The linear projections of one layer of each kind, from a model's shapes (pure Python).
 
 One list for every count that needs one: the block-FP8 checkpoint's tensor list
-(core/weight_bytes.py), the per-GPU layer weights (calibrate/shapes.py, which passes the head
+(core/weight_bytes.py), the per-GPU layer weights (calibrate/model/shapes.py, which passes the head
 counts and widths of one GPU) and the parameter count of an imported config
-(sim/model_import.py). Names are the checkpoint's module names (Qwen3.5's Hugging Face layout),
+(sim/runs/model_import.py). Names are the checkpoint's module names (Qwen3.5's Hugging Face layout),
 so that a caller can pick by name what a checkpoint keeps unquantised.
 """
 from __future__ import annotations

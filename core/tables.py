@@ -17,7 +17,7 @@ COLUMNS = ("mode", "B", "P", "ctx", "tokens", "us", "us_p10", "us_p90", "reps", 
            "flops", "bytes", "pct_bw", "pct_flops")
 STEP_COLUMNS = ("mode", "B", "P", "ctx", "kernel", "step_us", "host_step_us", "kernel_us", "reps")
 SEQS_COLUMNS = (*COLUMNS, "seqs")  # tables with a `seqs` axis (gdn_prefill_varlen)
-# gdn_decode_conv.csv: per policy (mamba_state_commit) over decode tokens (calibrate.decode_conv);
+# gdn_decode_conv.csv: per policy (mamba_state_commit) over decode tokens (calibrate.tables.decode_conv);
 # not in TABLES: the simulator reads the rows of its run's policy only.
 DECODE_CONV = "gdn_decode_conv"
 DECODE_CONV_COLUMNS = ("policy", *COLUMNS)
@@ -72,13 +72,13 @@ HOST_OPS: dict[str, str] = {
 }
 
 
-# sampler.csv (beside the model folders; calibrate.sampler_bench): what vLLM's sampler costs beyond
+# sampler.csv (beside the model folders; calibrate.benches.sampler): what vLLM's sampler costs beyond
 # the lm_head table's greedy argmax, per sampling path, vocabulary, logits distribution and rows.
 SAMPLER_COLUMNS = ("sampling", "vocab", "dist", "rows", "mode", "path", "greedy_us", "sampled_us", "extra_us",
                    "greedy_us_p90", "sampled_us_p90", "reps", "pct_copy")
 
 
-# gdn_mixed.csv (per model; calibrate.gdn_mixed_bench): one GDN layer's core in a step of B one-token
+# gdn_mixed.csv (per model; calibrate.benches.gdn_mixed): one GDN layer's core in a step of B one-token
 # decodes and one `tokens`-token prefill as vLLM runs it (all through the chunked prefill kernel, their
 # states gathered and scattered), the prefill alone, and the difference: what the decodes cost there.
 GDN_MIXED_COLUMNS = ("model", "mode", "B", "tokens", "us", "us_p10", "us_p90", "reps", "prefill_alone_us", "extra_us",

@@ -15,7 +15,7 @@ class NoSpeculation(CommitPolicy):
     Each decode step runs one position per request and the GDN recurrence updates the
     request's single state in place, so there is nothing to commit and no draft state
     block. Its config has no draft tree (core.config_policy refuses one; a grid gives its tree
-    to the speculating policies only); the served model has no MTP layer (`sim.speculation`).
+    to the speculating policies only); the served model has no MTP layer (`sim.runs.speculation`).
     """
 
     name = "none"

@@ -14,17 +14,17 @@ from core.errors import ConfigError
 from core.tables import TableError
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("sim.run", "simulate one configuration; with --out, write summary.json + requests.csv + config.yaml"),
-    "sweep": ("sim.sweep", "run a grid of configurations in parallel, resumably"),
-    "plan": ("sim.plan", "the highest request rate each configuration sustains under SLOs; GPUs for a target load"),
-    "figures": ("sim.figures", "draw the breakdown figures and report.md of a sweep"),
+    "run": ("sim.runs.run", "simulate one configuration; with --out, write summary.json + requests.csv + config.yaml"),
+    "sweep": ("sim.runs.sweep", "run a grid of configurations in parallel, resumably"),
+    "plan": ("sim.plan.cli", "the highest request rate each configuration sustains under SLOs; GPUs for a target load"),
+    "figures": ("sim.figures.cli", "draw the breakdown figures and report.md of a sweep"),
     "report": ("sim.readme", "print the README's numbers from the committed outputs in docs/"),
-    "validate": ("sim.validate", "simulate the published vLLM runs of validation/real and compare"),
-    "memory": ("sim.memory_cli", "per-sequence memory facts and the pool geometry"),
-    "model": ("sim.model_import", "write a model YAML from a Hugging Face config.json (`specsim model import`)"),
+    "validate": ("sim.validate.cli", "simulate the published vLLM runs of validation/real and compare"),
+    "memory": ("sim.runs.memory_cli", "per-sequence memory facts and the pool geometry"),
+    "model": ("sim.runs.model_import", "write a model YAML from a Hugging Face config.json (`specsim model import`)"),
     "workload": ("workloads.cli", "workload statistics (`specsim workload stats NAME`)"),
     "calibrate": ("calibrate.cli", "measure layers on a GPU, merge tables, validate the latency model"),
-    "bench": ("sim.bench", "simulator speed benchmark (steps per second)"),
+    "bench": ("sim.runs.bench", "simulator speed benchmark (steps per second)"),
 }
 
 

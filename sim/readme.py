@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 
 from core.config import REPO_ROOT, ConfigError, GiB, MiB
-from sim.report import BASELINE, breakdown_table, md_table, policies_in, read_points_csv
+from sim.runs.report import BASELINE, breakdown_table, md_table, policies_in, read_points_csv
 
 DOCS = REPO_ROOT / "docs"
 PAPER_SWEEP = "sweeps/sharegpt"
@@ -133,9 +133,9 @@ def models(docs: Path) -> str:
     published vLLM runs of it (docs/validation/validation.csv)."""
     from core.config import EngineConfig, load_hardware, load_model, load_policy, model_names
     from policies import make_policy
-    from sim.latency_factory import make_latency_model
-    from sim.validate import DEFAULT_REAL
-    from sim.validate_cases import load_cases
+    from sim.pricing.factory import make_latency_model
+    from sim.validate.cases import load_cases
+    from sim.validate.cli import DEFAULT_REAL
 
     hw = load_hardware("h200")
     path = docs / VALIDATION / "validation.csv"
@@ -204,7 +204,7 @@ def validation(docs: Path) -> str:
 
 
 def breakdown(docs: Path) -> str:
-    """Where each case's simulated request spends its time (sim.validate_breakdown), beside the
+    """Where each case's simulated request spends its time (sim.validate.breakdown), beside the
     published TTFT and latency - TTFT that bound the same parts."""
     report = json.loads((docs / VALIDATION / "validation.json").read_text())
     rows = []

@@ -6,9 +6,9 @@ import csv
 from core.config import EngineConfig, load_hardware, load_model, load_policy
 from core.tables import COLUMNS, SAMPLER_COLUMNS, SEQS_COLUMNS, STEP_COLUMNS, TABLES
 from policies import make_policy
-from sim.latency import StepBatch
-from sim.latency_analytic import AnalyticLatencyModel
-from sim.latency_calibrated import CalibratedLatencyModel
+from sim.pricing.analytic import AnalyticLatencyModel
+from sim.pricing.calibrated import CalibratedLatencyModel
+from sim.pricing.latency import StepBatch
 
 MODEL = "qwen3.5-35b-a3b"
 AXES = {"tokens": (1, 4, 16, 64, 256, 1024, 4096, 16384), "B": (1, 4, 16, 64, 256, 512), "P": (1, 4, 16, 64),

@@ -380,6 +380,10 @@ MUTATIONS = (
              "return (lat.derived_factor(0.0) * lat.curve_us(\"gdn_prefill\", \"graph\", chunked)",
              "return lat.derived_factor(0.0) * (lat.curve_us(\"gdn_prefill\", \"graph\", chunked)",
              ("tests/test_calibrate_latency_pipeline.py", "-k", "copy_rate")),
+    Mutation("pricing-imports-engine", "the step pricing imports the engine above it (a package against the table)",
+             "from sim.pricing.latency import LatencyModel\n\nENGINE_FIELDS",
+             "from sim.pricing.latency import LatencyModel\nfrom sim.engine.pool import Pool  # noqa: F401\n\nENGINE_FIELDS",
+             ("tests/test_layering.py", "-k", "packages_inside")),
 )
 
 

@@ -3,9 +3,9 @@ traceback and no simulation: decode errors, paths, YAML in --set, numeric ranges
 trees, lengths above the model's maximum, and a configuration no request can fit."""
 import pytest
 
-import sim.run as run_mod
-import sim.startup_checks as startup_checks
-import sim.sweep as sweep
+import sim.runs.run as run_mod
+import sim.runs.startup_checks as startup_checks
+import sim.runs.sweep as sweep
 from core.files import read_text
 from sim.cli import main as cli
 from test_sweep_run import fake_simulate, no_prepare
@@ -169,8 +169,8 @@ def test_longest_fit_is_the_boundary():
     """The length the error proposes fits, one more token's blocks do not."""
     from core.config import load_model, load_hardware, load_policy, EngineConfig
     from policies import make_policy
-    from sim.budget import block_layout, memory_budget, served_model
-    from sim.pool import check_one_request_fits, make_pool
+    from sim.engine.budget import block_layout, memory_budget, served_model
+    from sim.engine.pool import check_one_request_fits, make_pool
 
     eng = EngineConfig(max_model_len=10**9, allow_long_max_model_len=True)
     model = served_model(load_model("qwen3.5-35b-a3b"), eng)

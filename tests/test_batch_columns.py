@@ -1,11 +1,11 @@
-"""A step's batch gathered as columns (sim.step_trace.assemble_columns, what the engine prices)
+"""A step's batch gathered as columns (sim.engine.step_trace.assemble_columns, what the engine prices)
 adds up to what a request-by-request count of the same rows gives, on every kind of batch."""
 import random
 
 import pytest
 
-from sim.dispatch import capture_sizes, dispatch_counts
-from sim.step_trace import BatchColumns, assemble_batch, assemble_columns
+from sim.engine.step_trace import BatchColumns, assemble_batch, assemble_columns
+from sim.pricing.dispatch import capture_sizes, dispatch_counts
 
 VP = 4
 SIZES = capture_sizes(256, 8192, VP)

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from calibrate import attention_backends as AB
-from calibrate import measure as M
-from calibrate.layers import PagedBatch
-from calibrate.run import load_attention
+from calibrate.model import attention_backends as AB
+from calibrate.model.layers import PagedBatch
+from calibrate.tables import measure as M
+from calibrate.tables.run import load_attention
 
 
 def _batch() -> PagedBatch:

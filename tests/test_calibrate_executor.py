@@ -3,14 +3,14 @@ import numpy as np
 import pytest
 import torch
 
-from calibrate.executor import Executor
-from calibrate.executor_gdn import gdn_gating
-from calibrate.graphs import EAGER, FULL, PIECEWISE, plan
-from calibrate.shapes import LayerShapes
-from calibrate.step_layout import accepted_node, block_tables, layout, verify_positions
+from calibrate.device.graphs import EAGER, FULL, PIECEWISE, plan
+from calibrate.executor.gdn import gdn_gating
+from calibrate.executor.runner import Executor
+from calibrate.executor.step_layout import accepted_node, block_tables, layout, verify_positions
+from calibrate.model.shapes import LayerShapes
 from core.config import load_model, load_policy
-from sim.dispatch import capture_sizes
-from sim.step_trace import TracedRequest as R
+from sim.engine.step_trace import TracedRequest as R
+from sim.pricing.dispatch import capture_sizes
 
 SIZES = capture_sizes(1024, 8192, 4)
 CHAIN = (1, 1, 1)
@@ -172,9 +172,9 @@ def test_policy_states_outlive_a_policy_switch(policy):
 
 
 def test_pipelined_steps_keep_their_own_outputs():
-    # Async scheduling (calibrate.replay_timing.time_step_async): step N+1 is prepared and launched
+    # Async scheduling (calibrate.replay.timing.time_step_async): step N+1 is prepared and launched
     # before step N is finished; N's tokens must still be N's (double-buffered host outputs).
-    from calibrate.replay_timing import time_step_async
+    from calibrate.replay.timing import time_step_async
 
     ex = tiny("reconstruct")
     a, b = [R(1, 0, 20, CHAIN, 3)], [R(1, 0, 30, CHAIN, 2), R(2, 0, 9, CHAIN, 1), R(3, 0, 5, CHAIN, 4)]

@@ -8,8 +8,8 @@ import types
 import pytest
 import torch
 
-from calibrate import gdn_prefill_kernel as G
-from calibrate.flashinfer_gdn import load_flashinfer_chunk
+from calibrate.model import gdn_prefill_kernel as G
+from calibrate.model.flashinfer_gdn import load_flashinfer_chunk
 
 
 @pytest.fixture

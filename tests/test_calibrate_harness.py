@@ -6,10 +6,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from calibrate.model.shapes import LayerShapes  # noqa: E402
+from calibrate.tables.grid import ALL_JOBS, COARSE, FULL, GRIDS, Grid, jobs_for_part  # noqa: E402
 from core.config import ModelConfig, load_hardware, load_model, validate  # noqa: E402
 from core.tables import COLUMNS, DECODE_CONV_COLUMNS, STEP_COLUMNS, TABLES  # noqa: E402
-from calibrate.grid import ALL_JOBS, COARSE, FULL, GRIDS, Grid, jobs_for_part  # noqa: E402
-from calibrate.shapes import LayerShapes  # noqa: E402
 from tiny_model import TINY, TINY_DENSE  # noqa: E402
 
 # Small: every kernel here runs in the Triton interpreter, where an 8-token MoE call takes seconds.
@@ -52,8 +52,8 @@ def fake_chunk(q, k, v, g, beta, initial_state=None, output_final_state=False, u
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
-    from calibrate import run, stepcheck
-    from calibrate.run import measure
+    from calibrate.tables import run, stepcheck
+    from calibrate.tables.run import measure
 
     out = tmp_path_factory.mktemp("calib")
     model = validate(ModelConfig, TINY, "tiny")
@@ -117,7 +117,7 @@ def test_every_table_written_with_schema(measured):
 
 
 def test_decode_conv_table_per_policy(measured):
-    from sim.calibration_tables import load_decode_conv
+    from sim.pricing.calibration_tables import load_decode_conv
 
     mdir, _, _ = measured
     rows = list(csv.DictReader((mdir / "gdn_decode_conv.csv").open()))
@@ -134,8 +134,8 @@ def test_decode_conv_table_per_policy(measured):
 def test_gdn_table_times_the_dense_halves_not_the_core(tmp_path):
     """The conv, gating and q/k norms are the core's (gdn_decode_conv, gdn_prefill_varlen): a gdn
     table that timed the torch stand-in of the whole layer priced them twice for prefill tokens."""
-    from calibrate import layers
-    from calibrate.run import measure
+    from calibrate.model import layers
+    from calibrate.tables.run import measure
 
     def whole_layer(*a, **k):
         raise AssertionError("the gdn table timed the whole layer")
@@ -152,8 +152,8 @@ def test_gdn_table_times_the_dense_halves_not_the_core(tmp_path):
 def test_dense_model_measures_every_job_with_an_mlp_table(tmp_path):
     """A dense hybrid: the same jobs with an MLP table in place of the MoE's, the whole-step check and
     the decode core through the executor with the MLP after every layer."""
-    from calibrate import run, stepcheck
-    from calibrate.run import measure
+    from calibrate.tables import run, stepcheck
+    from calibrate.tables.run import measure
 
     model = validate(ModelConfig, TINY_DENSE, "tiny dense")
     log = []
@@ -178,8 +178,8 @@ def test_dense_model_measures_every_job_with_an_mlp_table(tmp_path):
 def test_a_time_limit_keeps_the_finished_tables_and_their_provenance(tmp_path):
     """SIGINT (a time limit) during a job: the jobs done before it keep their tables and the provenance
     says what was cut, then the interrupt goes on up (no further model is started)."""
-    from calibrate import measure as M
-    from calibrate.run import measure
+    from calibrate.tables import measure as M
+    from calibrate.tables.run import measure
 
     def cut(h):
         raise KeyboardInterrupt
@@ -198,7 +198,7 @@ def test_a_time_limit_keeps_the_finished_tables_and_their_provenance(tmp_path):
 def test_provenance_is_on_disk_after_every_job(tmp_path):
     """A call killed outright (no interrupt to catch) after a job still has that job's provenance: the
     part is rewritten after each job, `finished` only once every job is done; an earlier run's part stays."""
-    from calibrate.run import measure
+    from calibrate.tables.run import measure
 
     model = validate(ModelConfig, TINY, "tiny")
     mdir = tmp_path / model.name
@@ -225,7 +225,7 @@ def test_kernels_job_benches_the_models_shard_heads_into_its_folder(tmp_path):
     import sys
     from pathlib import Path
 
-    code = ("import sys; from pathlib import Path; from calibrate.run import kernel_rows; "
+    code = ("import sys; from pathlib import Path; from calibrate.tables.run import kernel_rows; "
             "from core.config import load_model; "
             "print(kernel_rows(load_model('qwen3-next-80b-a3b'), Path(sys.argv[1]), ('graph',), 'abc', 1.0))")
     env = {**os.environ, "GDN_BENCH_REHEARSAL": "1", "TRITON_INTERPRET": "1"}
@@ -255,7 +255,7 @@ def test_step_check_and_memory(measured):
 
 
 def test_provenance_records_the_run(measured):
-    from calibrate.provenance import missing_fields
+    from calibrate.device.provenance import missing_fields
 
     mdir, _, _ = measured
     part = json.loads((mdir / "provenance.json").read_text())["parts"][-1]

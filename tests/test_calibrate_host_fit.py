@@ -1,9 +1,9 @@
-"""calibrate.host_fit: the coordinate descent finds known scales and checks them out of sample."""
+"""calibrate.replay.host_fit: the coordinate descent finds known scales and checks them out of sample."""
 import pytest
 
-from calibrate import host_fit as HF
-from calibrate.replay_summary import summarize
-from sim.host_model import HOST_GROUPS
+from calibrate.replay import host_fit as HF
+from calibrate.replay.summary import summarize
+from sim.pricing.host_model import HOST_GROUPS
 
 TRUE = {"prefill": 0.6, "eager": 1.65}  # made with these: eager off the joint search's coarse grid, above 1.3
 

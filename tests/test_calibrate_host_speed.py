@@ -1,11 +1,11 @@
-"""Host-bound replayed steps priced at their own measured host speed (calibrate.host_speed)."""
+"""Host-bound replayed steps priced at their own measured host speed (calibrate.replay.host_speed)."""
 import json
 import math
 
 import pytest
 
-from calibrate import host_speed as HS
-from calibrate.replay_summary import summarize
+from calibrate.replay import host_speed as HS
+from calibrate.replay.summary import summarize
 
 
 def _row(kind, probe, pred=1000.0, overhead=400.0, measured=1000.0, step=0, p=0):

@@ -4,7 +4,7 @@ import csv
 import pytest
 import torch
 
-from calibrate.kernels import bench
+from calibrate.benches import kernels as bench
 from calibrate.kernels import paged_attention as PA
 
 

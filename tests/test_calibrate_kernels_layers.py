@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from calibrate import layers as L
 from calibrate.kernels.inputs import paged_inputs
 from calibrate.kernels.naive import fused_moe_ref, paged_attention_ref
-from calibrate.shapes import LayerShapes
+from calibrate.model import layers as L
+from calibrate.model.shapes import LayerShapes
 from policies.kernels.inputs import rel_err
 
 pytestmark = pytest.mark.usefixtures("nan_poison")

@@ -8,9 +8,9 @@ from core.config import EngineConfig, load_hardware, load_model, load_policy
 from core.tables import TABLES, TableError
 from latency_tables import EAGER, MODEL, decode, known, load, make_tables, write_csv  # pytest puts tests/ on the path
 from policies import make_policy
-from sim.latency import TERMS, StepBatch
-from sim.latency_analytic import AnalyticLatencyModel
-from sim.latency_calibrated import CalibratedLatencyModel
+from sim.pricing.analytic import AnalyticLatencyModel
+from sim.pricing.calibrated import CalibratedLatencyModel
+from sim.pricing.latency import TERMS, StepBatch
 
 
 def test_replay_prices_replayed_tokens_and_flushes(tmp_path):

@@ -4,8 +4,8 @@ import pytest
 
 from core.tables import COLUMNS, DECODE_CONV_COLUMNS, HOST_COLUMNS, HOST_OPS, TableError
 from latency_tables import MODEL, known, load, make_tables, write_csv  # pytest puts tests/ on the path
-from sim.dispatch import capture_sizes
-from sim.step_trace import assemble_batch
+from sim.engine.step_trace import assemble_batch
+from sim.pricing.dispatch import capture_sizes
 
 LAYERS, GDN_LAYERS, ATTN_LAYERS = 40, 30, 10
 

@@ -1,4 +1,4 @@
-"""The calibrator's block-FP8 layers (calibrate/layers_fp8.py, calibrate/fp8_linear.py) on the CPU through
+"""The calibrator's block-FP8 layers (calibrate/model/layers_fp8.py, calibrate/model/fp8_linear.py) on the CPU through
 Triton's interpreter: each layer against a float64 reference of the same dequantised weights (activations
 quantised per token and group of 128 as the kernels do), and the measure jobs of a tiny FP8 checkpoint
 end to end."""
@@ -10,14 +10,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from calibrate import fp8_linear as FL
-from calibrate import layers as L
 from calibrate.kernels import fp8_gemm as G
 from calibrate.kernels.fused_moe_fp8 import default_config, fused_moe_fp8_ref
-from calibrate.layers_fp8 import Fp8MoEWeights, GDNInProj, fp8_weights
-from calibrate.grid import Grid
-from calibrate.shapes import LayerShapes
-from calibrate.work import moe_work
+from calibrate.model import fp8_linear as FL
+from calibrate.model import layers as L
+from calibrate.model.layers_fp8 import Fp8MoEWeights, GDNInProj, fp8_weights
+from calibrate.model.shapes import LayerShapes
+from calibrate.model.work import moe_work
+from calibrate.tables.grid import Grid
 from core.config import ModelConfig, load_hardware, validate
 from policies.kernels.inputs import rel_err
 from tiny_model import TINY_FP8
@@ -182,7 +182,7 @@ def test_pick_gemm_takes_torchs_only_where_it_passes_its_check(capsys):
 
 @pytest.mark.skipif(DEV.type == "cuda", reason="the CPU harness: Triton's interpreter runs the kernels")
 def test_measure_writes_an_fp8_checkpoints_tables_at_fp8_weight_bytes(tmp_path, monkeypatch):
-    from calibrate.run import measure
+    from calibrate.tables.run import measure
 
     calls = []
     call = FL.Fp8Linear.__call__
@@ -220,8 +220,8 @@ def test_measure_writes_an_fp8_checkpoints_tables_at_fp8_weight_bytes(tmp_path, 
 @pytest.mark.skipif(DEV.type == "cuda", reason="the CPU harness: Triton's interpreter runs the kernels")
 @pytest.mark.slow  # a whole speculative step of the tiny model in the interpreter: about a minute
 def test_step_check_runs_the_fp8_checkpoints_layers(tmp_path, monkeypatch):
-    from calibrate import stepcheck
-    from calibrate.run import measure
+    from calibrate.tables import stepcheck
+    from calibrate.tables.run import measure
 
     calls = []
     call = FL.Fp8Linear.__call__

@@ -46,7 +46,7 @@ def test_a_table_with_neither_is_replaced_whole(tmp_path):
 
 
 def test_faster_of_keeps_each_shape_from_the_faster_stand_in():
-    from calibrate.merge_faster import faster_rows
+    from calibrate.tables.merge_faster import faster_rows
     cur = [{"mode": "graph", "B": "1", "P": "4", "ctx": "4096", "us": "95.6"},
            {"mode": "graph", "B": "64", "P": "4", "ctx": "4096", "us": "135.7"},
            {"mode": "eager", "B": "1", "P": "4", "ctx": "4096", "us": "300"}]
@@ -61,7 +61,7 @@ def test_faster_of_keeps_each_shape_from_the_faster_stand_in():
 
 
 def test_faster_of_refuses_runs_on_different_grids():
-    from calibrate.merge_faster import faster_rows
+    from calibrate.tables.merge_faster import faster_rows
     from core.errors import ConfigError
     cur = [{"mode": "graph", "tokens": "128", "ctx": "0", "us": "5"}]
     new = [{"mode": "graph", "tokens": "256", "ctx": "0", "us": "4"}]

@@ -4,8 +4,8 @@ import json
 import pytest
 import torch
 
+from calibrate.benches import moe_tune
 from calibrate.kernels import moe_configs as MC
-from calibrate.kernels import moe_tune
 
 
 def test_file_name_is_vllms():
@@ -79,7 +79,7 @@ def test_shared_memory_counts_the_pipelined_tiles():
 
 
 def test_candidates_that_cannot_fit_are_left_out_before_they_are_tried():
-    from calibrate.kernels import bench
+    from calibrate.benches import kernels as bench
     too_big = MC.MoEConfig(True, 128, 256, 64, 8, 3)
     assert too_big in bench.moe_candidates(2048)  # listed when no limit is known
     assert too_big not in bench.moe_candidates(2048, H200_SMEM)

@@ -11,7 +11,7 @@ from calibrate.kernels import fused_moe as FM  # noqa: E402
 from calibrate.kernels import moe_configs as MC  # noqa: E402
 from calibrate.kernels.inputs import moe_inputs, nan_poison  # noqa: E402
 from calibrate.kernels.naive import fused_moe_ref  # noqa: E402
-from calibrate.shapes import LayerShapes  # noqa: E402
+from calibrate.model.shapes import LayerShapes  # noqa: E402
 from core.config import load_model  # noqa: E402
 from policies.kernels.inputs import rel_err  # noqa: E402
 

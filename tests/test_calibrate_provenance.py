@@ -4,15 +4,15 @@ from pathlib import Path
 
 import pytest
 
+from calibrate.device.provenance import missing_fields
 from core.config import REPO_ROOT, EngineConfig, load_hardware, load_model, load_policy, model_names
 from core.tables import HOST_COLUMNS, HOST_POLICY_COLUMNS, TABLES, read_rows
-from calibrate.provenance import missing_fields
 from sim.cli import main as cli
 
 CALIB = REPO_ROOT / "results" / "calibration"
 # Folders of layer tables; a folder may instead hold only profile_peak.json (the memory budget's
 # measured profile-run peak, e.g. a model whose tables were never measured), checked below.
-# layer_kernels/ (calibrate.kernels.bench outputs) is not a model folder: its provenance.json is flat.
+# layer_kernels/ (calibrate.benches.kernels outputs) is not a model folder: its provenance.json is flat.
 MODEL_DIRS = sorted(d for d in CALIB.glob("*/*") if d.is_dir() and d.name in model_names() and any(d.glob("*.csv")))
 PEAK_FILES = sorted(CALIB.glob("*/*/profile_peak.json"))
 
@@ -63,8 +63,8 @@ def test_committed_profile_peaks_have_provenance(path: Path):
 @pytest.mark.skipif(not MODEL_DIRS, reason="no committed calibration tables")
 def test_committed_tables_make_a_calibrated_model():
     from policies import make_policy
-    from sim.latency_analytic import AnalyticLatencyModel
-    from sim.latency_calibrated import CalibratedLatencyModel
+    from sim.pricing.analytic import AnalyticLatencyModel
+    from sim.pricing.calibrated import CalibratedLatencyModel
 
     for mdir in MODEL_DIRS:
         m, hw = load_model(mdir.name), load_hardware(mdir.parent.name)
@@ -106,7 +106,7 @@ def test_committed_tables_meet_the_accuracy_targets(mdir: Path):
     graph-mode whole-step anchor, where step_check.csv was measured with the kernels the tables
     time (a later part that re-measured tables makes it stale: the step-executor replay is the
     anchor then)."""
-    from calibrate.validate import validate_model
+    from calibrate.tables.validate import validate_model
 
     res = validate_model(mdir, load_model(mdir.name), load_hardware(mdir.parent.name))
     assert res["per_mode"]["graph"]["median_ape_pct"] <= 5.0, res["per_table"]

@@ -6,15 +6,16 @@ import time
 
 import pytest
 
-from calibrate import host, replay as RP, replay_group as RG, replay_pick as PK, replay_summary as RS
-from calibrate import replay_timing as RT
-from calibrate.replay_check import synthetic_steps
-from calibrate.replay_outputs import read_replay_rows
-from calibrate.replay_runs import Run, load_run, reprice, shape_columns
+from calibrate.replay import run as RP, group as RG, pick as PK, summary as RS
+from calibrate.replay import timing as RT
+from calibrate.replay.check import synthetic_steps
+from calibrate.replay.outputs import read_replay_rows
+from calibrate.replay.runs import Run, load_run, reprice, shape_columns
+from calibrate.tables import host
 from core.config import ConfigError, EngineConfig, RunConfig
 from core.tables import HOST_COLUMNS, HOST_OPS
 from sim.cli import main
-from sim.step_trace import TracedRequest as R, TracedStep, write_steps
+from sim.engine.step_trace import TracedRequest as R, TracedStep, write_steps
 from test_calibrate_executor import TINY  # pytest puts tests/ on the path
 
 CHAIN = (1, 1, 1)
@@ -89,7 +90,7 @@ def test_runs_take_turns():
 
 
 def test_host_tables_keep_each_point_from_its_lowest_pass():
-    from calibrate.host import lowest_pass
+    from calibrate.tables.host import lowest_pass
 
     def row(op, n, us, policy=None):
         return {**({"policy": policy} if policy else {}), "op": op, "n": n, "us": us, "us_p10": us * 0.9,
@@ -380,7 +381,7 @@ def test_kv_pool_fits_the_check_batches():
 def test_policy_host_rows_are_measured_under_each_policy(monkeypatch):
     import torch
 
-    from calibrate.executor import Executor
+    from calibrate.executor.runner import Executor
     from core.config import load_model, load_policy
     from core.tables import HOST_POLICY_OPS
 

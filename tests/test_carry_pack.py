@@ -1,4 +1,4 @@
-"""The GPU machine's package carry (calibrate/carry_pack.py, carry_setup.sh) on tiny fake wheels: the
+"""The GPU machine's package carry (calibrate/carry/pack.py, setup.sh) on tiny fake wheels: the
 folders it builds, the size limit, and the generated setup.sh run in bash (pip from this interpreter,
 no network) for both stages, including the missing and corrupt pieces it must refuse."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from calibrate import carry_pack as C
+from calibrate.carry import pack as C
 
 IR = "nvidia_cutlass_dsl/dsl_packages/cutlass/_mlir/_mlir_libs/_cutlass_ir.fake.so"
 RT = "nvidia_cutlass_dsl/cu13/lib/libcute_dsl_runtime.so"

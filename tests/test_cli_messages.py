@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-import sim.sweep as sweep
+import sim.runs.sweep as sweep
 from core.config import ConfigError, RunConfig, read_yaml
 from core.files import atomic_write_text
 from sim.cli import main as cli
-from sim.figures import make_figures
+from sim.figures.cli import make_figures
 from test_sweep_run import fake_simulate, no_prepare
 from workloads import load_workload
 from workloads.base import WorkloadError
@@ -68,7 +68,7 @@ def test_empty_config_file_says_empty(tmp_path, capsys):
 
 
 def test_shipped_example_config_is_valid():
-    from sim.run import add_arguments, build_config
+    from sim.runs.run import add_arguments, build_config
     import argparse
 
     p = argparse.ArgumentParser()

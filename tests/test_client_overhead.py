@@ -7,13 +7,13 @@ import pytest
 import simpy
 
 from core.config import ConfigError
-from sim.client import Client
-from sim.request import Request
-from sim.validate_cases import load_cases
-from sim.validate_client import OVERHEAD_FILE, client_overhead, load_overhead
-from sim.validate_client_measure import _loopback, prompt_of
-from workloads.qwen_tokens import _qwen
+from sim.engine.client import Client
+from sim.engine.request import Request
+from sim.validate.cases import load_cases
+from sim.validate.client import OVERHEAD_FILE, client_overhead, load_overhead
+from sim.validate.client_measure import _loopback, prompt_of
 from workloads.base import RequestSpec
+from workloads.qwen_tokens import _qwen
 
 
 def _reach_engine(prompts, round_trip_s, per_token_s, limit=None):

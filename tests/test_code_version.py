@@ -5,12 +5,12 @@ from pathlib import Path
 
 import pytest
 
-import sim.code_version as cv
+import sim.runs.code_version as cv
 from core.calibration_files import GPU_FILES, MODEL_FILES, read_files
 from core.config import REPO_ROOT, EngineConfig, load_hardware, load_model, load_policy
 from policies import make_policy
-from sim.budget import memory_budget
-from sim.latency_factory import make_latency_model
+from sim.engine.budget import memory_budget
+from sim.pricing.factory import make_latency_model
 
 CAL = REPO_ROOT / load_hardware("h200").calibration_dir
 MODEL = "qwen3.5-35b-a3b"
@@ -64,19 +64,19 @@ def test_unread_files_leave_the_version(clone):
     _edit(cal / "ncu" / "case" / "summary.json")
     (cal / MODEL / "provenance.json").write_text('{"note": "new"}\n')
     (cal / "kernels_variants_2026-12-03.csv").write_text("model\n")
-    _edit(clone / "sim" / "figures.py")  # post-processing only
+    _edit(clone / "sim" / "figures" / "cli.py")  # post-processing only
     (clone / "configs" / "grids" / "new.yaml").write_text("fixed: {}\n")
     assert version(clone) == before
-    _edit(clone / "sim" / "budget.py")
+    _edit(clone / "sim" / "engine" / "budget.py")
     assert version(clone) != before
 
 
 def test_sources_and_configs_listed():
     files = {p.relative_to(REPO_ROOT).as_posix() for p in cv.source_files("h200")}
-    assert {"sim/budget.py", "core/config.py", "policies/store_all.py", "workloads/registry.py",
+    assert {"sim/engine/budget.py", "core/config.py", "policies/store_all.py", "workloads/registry.py",
             "configs/models/qwen3.5-35b-a3b.yaml", "configs/workloads/sharegpt.yaml",
             "results/calibration/h200/kernels.csv", f"results/calibration/h200/{MODEL}/host.csv"} <= files
-    assert "sim/figures.py" not in files and "sim/sweep.py" not in files
+    assert "sim/figures/cli.py" not in files and "sim/runs/sweep.py" not in files
     assert not any(f.startswith(("policies/kernels/", "configs/grids/")) for f in files)
     assert not any(f.endswith((".log", "provenance.json", "summary.json")) for f in files)
 

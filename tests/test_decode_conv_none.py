@@ -3,7 +3,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from calibrate.decode_conv_none import none_decode_conv_rows  # noqa: E402
+from calibrate.tables.decode_conv_none import none_decode_conv_rows  # noqa: E402
 from core.config import ModelConfig, load_hardware  # noqa: E402
 from core.tables import DECODE_CONV_COLUMNS  # noqa: E402
 from policies.kernels import conv  # noqa: E402

@@ -1,4 +1,4 @@
-"""The decode group (sim.decode_group) and its decode runs (sim.decode_run) change how the engine
+"""The decode group (sim.engine.decode_group) and its decode runs (sim.engine.decode_run) change how the engine
 reaches each step, never what happens: every output of a run with them equals, float for float,
 that of the same run planned one request and one step at a time. And the pieces they are built
 from give what their one-at-a-time twins give."""
@@ -17,19 +17,19 @@ from core.config import EngineConfig, RunConfig, load_hardware, load_model, load
 from core.interp import GridInterpolator
 from policies import make_policy
 from policies.replay import ReplayCache, ReplayCaches
-from sim.acceptance import AcceptanceStream
-from sim.budget import served_model
-from sim import run as run_module
-from sim import scheduler as scheduler_module
-from sim.decode_group import DecodeGroup
-from sim.decode_run import DecodeRuns, landing_delay
-from sim.engine import run_engine
-from sim.dispatch import capture_sizes
-from sim.latency import TERMS
-from sim.latency_factory import make_latency_model
-from sim.metrics import request_rows
-from sim.run import simulate_result
-from sim.step_trace import BatchTotals, batch_of_totals
+from sim.engine import scheduler as scheduler_module
+from sim.engine.acceptance import AcceptanceStream
+from sim.engine.budget import served_model
+from sim.engine.core import run_engine
+from sim.engine.decode_group import DecodeGroup
+from sim.engine.decode_run import DecodeRuns, landing_delay
+from sim.engine.metrics import request_rows
+from sim.engine.step_trace import BatchTotals, batch_of_totals
+from sim.pricing.dispatch import capture_sizes
+from sim.pricing.factory import make_latency_model
+from sim.pricing.latency import TERMS
+from sim.runs import run as run_module
+from sim.runs.run import simulate_result
 from test_engine_scenarios import CURRENT, OLD, scenario, specs
 
 # Each covers a path of the runs: every policy, trees, sync and async scheduling, align mode and

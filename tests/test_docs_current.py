@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.code_version import code_version
+from sim.runs.code_version import code_version
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 SWEEPS = sorted((DOCS / "sweeps").glob("*/sweep.json"))

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from core.config import ConfigError
-from sim.acceptance import (REFERENCE_ACCEPTED_LEN, AcceptanceModel, AcceptanceStream, accept_thresholds,
+from sim.engine.acceptance import (REFERENCE_ACCEPTED_LEN, AcceptanceModel, AcceptanceStream, accept_thresholds,
                             default_rank_rows, expected_accepted_len)
 
 
@@ -79,7 +79,7 @@ def test_bad_acceptance_rows(rows, match):
 def test_stream_reads_d_uniforms_per_verify_across_refills():
     """Whatever the refill sizes, the k-th verify step's count comes from uniforms D*k .. D*k+D-1
     of the request's seeded stream (the common random numbers every policy shares)."""
-    from sim.acceptance import UNIFORM_BLOCK_MAX
+    from sim.engine.acceptance import UNIFORM_BLOCK_MAX
 
     model = AcceptanceModel((1, 1, 1), seed=3)
     stream = model.stream(request_id=42)

@@ -13,13 +13,13 @@ import pytest
 
 from core.config import EngineConfig, load_hardware, load_model, load_policy
 from policies import make_policy
-from sim.acceptance import AcceptanceModel
-from sim.budget import block_layout, memory_budget
-from sim.engine import run_engine
-from sim.latency_analytic import AnalyticLatencyModel
-from sim.latency_constant import ConstantLatencyModel
-from sim.metrics import summarize
-from sim.pool import PagedPool
+from sim.engine.acceptance import AcceptanceModel
+from sim.engine.budget import block_layout, memory_budget
+from sim.engine.core import run_engine
+from sim.engine.metrics import summarize
+from sim.engine.pool import PagedPool
+from sim.pricing.analytic import AnalyticLatencyModel
+from sim.pricing.constant import ConstantLatencyModel
 from workloads.base import RequestSpec
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -5,9 +5,9 @@ import pytest
 from core.config import EngineConfig, load_hardware, load_model, load_policy
 from policies import make_policy
 from policies.tree import DraftTree
-from sim.latency import TERMS, StepBatch
-from sim.latency_factory import make_latency_model
-from sim.latency_analytic import AnalyticLatencyModel, STEP_OVERHEAD_S
+from sim.pricing.analytic import AnalyticLatencyModel, STEP_OVERHEAD_S
+from sim.pricing.factory import make_latency_model
+from sim.pricing.latency import TERMS, StepBatch
 
 MODELS = ("qwen3.5-35b-a3b", "qwen3.5-397b-a17b")
 

@@ -1,4 +1,4 @@
-"""`sim.run.simulate` and `specsim run`: outputs, determinism, common random numbers, bad inputs."""
+"""`sim.runs.run.simulate` and `specsim run`: outputs, determinism, common random numbers, bad inputs."""
 import csv
 import json
 import re
@@ -7,7 +7,7 @@ import pytest
 
 from core.config import RunConfig
 from sim.cli import main as cli
-from sim.run import simulate
+from sim.runs.run import simulate
 
 SUMMARY_KEYS = (
     "output_throughput_tok_s", "request_throughput", "ttft_mean_s", "ttft_median_s", "ttft_p90_s", "ttft_p99_s",

@@ -17,14 +17,14 @@ from hypothesis import strategies as st
 
 from core.config import ConfigError, EngineConfig, load_hardware, load_model, load_policy
 from policies import make_policy
-from sim.acceptance import AcceptanceModel
-from sim.budget import block_layout, memory_budget
-from sim.engine import run_engine
-from sim.latency_constant import ConstantLatencyModel
-from sim.metrics import STEP_COLUMNS, summarize
-from sim.pool import make_pool
-from sim.scheduler import Scheduler
-from sim.request import Status
+from sim.engine.acceptance import AcceptanceModel
+from sim.engine.budget import block_layout, memory_budget
+from sim.engine.core import run_engine
+from sim.engine.metrics import STEP_COLUMNS, summarize
+from sim.engine.pool import make_pool
+from sim.engine.request import Status
+from sim.engine.scheduler import Scheduler
+from sim.pricing.constant import ConstantLatencyModel
 from workloads.base import RequestSpec
 
 DT = 0.01  # seconds per step

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from core.config import ConfigError, EngineConfig, RunConfig
-from sim.scheduler import Scheduler
+from sim.engine.scheduler import Scheduler
 from workloads import load_workload
 from test_engine_scenarios import ACCEPT_ALL, CURRENT, DT, OLD, by_id, scenario, setup, specs
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from core.config import ConfigError
-import sim.sweep as sweep
-from sim.code_version import code_version, package_version
-from sim.cli import main as cli
-from sim.figures import make_figures
+import sim.runs.sweep as sweep
 from sim import readme
+from sim.cli import main as cli
+from sim.figures.cli import make_figures
 from sim.readme import BLOCK, fill
-from sim.report import read_points_csv
+from sim.runs.code_version import code_version, package_version
+from sim.runs.report import read_points_csv
 from test_sweep_run import fake_simulate, no_prepare
 
 REPO = Path(__file__).resolve().parent.parent
@@ -120,7 +120,7 @@ def test_tree_sweep_figures_fit_a_page(tmp_path, monkeypatch):
 
 def test_log_axes_label_plain_numbers():
     import matplotlib.pyplot as plt
-    from sim.figure_style import log_ticks
+    from sim.figures.style import log_ticks
 
     fig, ax = plt.subplots()
     ax.plot([1, 2], [0.7, 3.0])
@@ -234,7 +234,7 @@ def test_outside_a_checkout_the_report_names_the_package_and_every_figure_its_pr
 def test_the_speculation_figure_marks_each_winner_without_text_that_could_overlap():
     import pandas as pd
 
-    from sim import figure_speculation as spec
+    from sim.figures import speculation as spec
 
     table = pd.DataFrame({"model": ["m"] * 4, "gmu": [0.6, 0.6, 0.9, 0.9], "load": [64, 128, 64, 128],
                           "speedup": [1.5, 1.51, 1.5, 1.52],

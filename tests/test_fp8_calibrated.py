@@ -8,7 +8,7 @@ from latency_tables import make_tables  # pytest puts tests/ on the path
 
 @pytest.mark.parametrize("model,override", [("qwen3.5-35b-a3b-fp8", {}), ("qwen3.5-35b-a3b", {"weights": "fp8"})])
 def test_fp8_tables_make_an_fp8_run_calibrated(tmp_path, monkeypatch, model, override):
-    from sim import run, startup_checks
+    from sim.runs import run, startup_checks
 
     hw = load_hardware("h200").model_copy(update={"calibration_dir": str(tmp_path)})
     monkeypatch.setattr(startup_checks, "load_hardware", lambda name: hw)

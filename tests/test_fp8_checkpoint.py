@@ -10,8 +10,8 @@ from core.config import EngineConfig, load_hardware, load_model, load_policy
 from core.projections import elements
 from core.weight_bytes import FP8_BLOCK, SCALE_BYTES, attn_quantised, block_scales, ffn_quantised, quantised_projections
 from policies import make_policy
-from sim.budget import memory_budget
-from sim.latency_factory import make_latency_model
+from sim.engine.budget import memory_budget
+from sim.pricing.factory import make_latency_model
 
 
 def test_projection_shapes_match_a_published_fp8_tensor_count():
@@ -107,7 +107,7 @@ def test_fp8_model_is_never_priced_from_bf16_tables(name, override, folder):
 
 
 def test_a_grid_crosses_the_checkpoints_with_a_weights_axis(tmp_path):
-    from sim.grid import load_grid
+    from sim.runs.grid import load_grid
     path = tmp_path / "g.yaml"
     path.write_text("description: both checkpoints\nfixed: {num_requests: 10}\n"
                     "axes:\n  model_overrides.weights: [bf16, fp8]\n  model: [qwen3.5-35b-a3b]\n")
@@ -119,7 +119,7 @@ def test_a_grid_crosses_the_checkpoints_with_a_weights_axis(tmp_path):
 
 
 def test_roofline_reads_fp8_projections_at_one_byte_and_the_bf16_lm_head_at_two():
-    from sim.latency_analytic import AnalyticLatencyModel
+    from sim.pricing.analytic import AnalyticLatencyModel
     hw, eng = load_hardware("h200"), EngineConfig()
     fp8, bf16 = load_model("qwen3.5-35b-a3b-fp8"), load_model("qwen3.5-35b-a3b")
     a8 = AnalyticLatencyModel(fp8, hw, make_policy(fp8, load_policy("store_all")), eng)

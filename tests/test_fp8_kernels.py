@@ -191,7 +191,7 @@ def test_paged_attention_fp8_cache_on_the_gpu():
 
 
 def test_bench_variants_are_valid_for_the_35b_at_every_token_count():
-    from calibrate import fp8_bench
+    from calibrate.benches import fp8 as fp8_bench
     from core.config import load_model
     m = load_model("qwen3.5-35b-a3b-fp8")
     width = m.moe.expert_width
@@ -207,7 +207,7 @@ def test_bench_variants_are_valid_for_the_35b_at_every_token_count():
 def test_torch_block_mm_pads_m_to_four_as_vllm_and_cuts_back(monkeypatch, m):
     # F.scaled_mm stands in for cuBLASLt here: it refuses what cuBLASLt refused (M not a multiple
     # of 4) and otherwise multiplies as its block-wise contract says.
-    from calibrate import fp8_linear
+    from calibrate.model import fp8_linear
     import torch.nn.functional as F
 
     def fake(a, b, scale_a, _ta, scale_b, _tb, output_dtype):

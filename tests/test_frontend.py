@@ -1,4 +1,4 @@
-"""The API server's event loop (sim/frontend.py): its rules against vLLM 0.17.1's code
+"""The API server's event loop (sim/engine/frontend.py): its rules against vLLM 0.17.1's code
 (docs/frontend.md) and its place between the engine and the client."""
 import json
 
@@ -7,11 +7,11 @@ import simpy
 
 from core.config import RunConfig, validate
 from core.config_frontend import FrontendCosts
-from sim.client import Client
-from sim.frontend import FrontendLoop, StepEvent
-from sim.request import Request
-from sim.run import simulate
-from sim.validate import FRONTEND_FILE
+from sim.engine.client import Client
+from sim.engine.frontend import FrontendLoop, StepEvent
+from sim.engine.request import Request
+from sim.runs.run import simulate
+from sim.validate.cli import FRONTEND_FILE
 from workloads.base import RequestSpec
 
 C = FrontendCosts(step_s=1e-4, output_s=1e-5, stream_s=2e-5, stream_s_per_token=1e-8, first_output_s=3e-5,

@@ -1,8 +1,8 @@
-"""The API-server cost file's parameters (calibrate.frontend_cost.model) come back from timings
+"""The API-server cost file's parameters (calibrate.frontend.cost.model) come back from timings
 made of known per-step, per-output, per-stream and per-request costs."""
 import pytest
 
-from calibrate import frontend_cost as FC
+from calibrate.frontend import cost as FC
 
 TRUE = {"step_s": 50e-6, "output_s": 8e-6, "stream": 10e-6, "event": 16e-6, "first_output_s": 30e-6,
         "first_output_s_per_prompt_token": 0.2e-6, "first_stream": 5e-6, "finish": 20e-6,

@@ -1,19 +1,19 @@
 """A mixed step's decodes through vLLM's chunked GDN path (sim/calibration_tables.load_gdn_mixed,
-CalibratedParts.mixed_decodes_us, calibrate/gdn_mixed_bench.py): the committed tables, the rule's
+CalibratedParts.mixed_decodes_us, calibrate/benches/gdn_mixed.py): the committed tables, the rule's
 scope (no speculation, a prefill beside the decodes) and the bench's gather and scatter."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from calibrate.gdn_mixed_bench import MixedStep
-from calibrate.shapes import LayerShapes
+from calibrate.benches.gdn_mixed import MixedStep
+from calibrate.model.shapes import LayerShapes
 from core.config import REPO_ROOT, load_model
 from core.tables import GDN_MIXED_COLUMNS, read_rows
 from latency_tables import MODEL, load, make_tables, write_csv  # pytest puts tests/ on the path
-from sim.calibration_tables import load_gdn_mixed
-from sim.dispatch import capture_sizes
-from sim.step_trace import assemble_batch
+from sim.engine.step_trace import assemble_batch
+from sim.pricing.calibration_tables import load_gdn_mixed
+from sim.pricing.dispatch import capture_sizes
 
 H200 = REPO_ROOT / "results/calibration/h200"
 GDN_LAYERS = 30

@@ -7,12 +7,12 @@ import pytest
 import simpy
 
 from core.config import RunConfig
-from sim.client import Client
-from sim.guidellm_metrics import guidellm_metrics, weighted_summary
-from sim.request import Request
-from sim.run import simulate
-from sim.validate_cases import load_case
-from sim.validate_metrics import UNTIMED_TOKEN_RATE, compared, left_out
+from sim.engine.client import Client
+from sim.engine.request import Request
+from sim.runs.run import simulate
+from sim.validate.cases import load_case
+from sim.validate.guidellm_metrics import guidellm_metrics, weighted_summary
+from sim.validate.metrics import UNTIMED_TOKEN_RATE, compared, left_out
 from workloads import load_workload
 from workloads.arrivals import constant_arrival_times
 from workloads.base import RequestSpec, WorkloadError

@@ -4,7 +4,7 @@ import csv
 import pytest
 
 from core.tables import HOST_COLUMNS, TableError
-from sim.host_model import ANALYTIC_US, HostCosts, pipeline
+from sim.pricing.host_model import ANALYTIC_US, HostCosts, pipeline
 
 
 def ops(*pairs):
@@ -88,7 +88,7 @@ def test_bad_host_csv(tmp_path):
 
 def test_host_groups_cover_every_op_once():
     from core.tables import HOST_OPS
-    from sim.host_model import HOST_GROUPS
+    from sim.pricing.host_model import HOST_GROUPS
 
     ops_ = [op for group in HOST_GROUPS.values() for op in group]
     assert sorted(ops_) == sorted(HOST_OPS)

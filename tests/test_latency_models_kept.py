@@ -1,4 +1,4 @@
-"""A process keeps the latency models it built (sim.latency_factory): points that share one price
+"""A process keeps the latency models it built (sim.pricing.factory): points that share one price
 every step as they would alone, and a model is built again when anything it reads changes."""
 import json
 import shutil
@@ -8,12 +8,12 @@ import pytest
 from core.config import REPO_ROOT, EngineConfig, RunConfig, load_hardware, load_model, load_policy
 from core.tables import TableError, read_rows
 from policies import make_policy
-from sim import latency_factory
-from sim.latency import StepBatch
-from sim.latency_analytic import AnalyticLatencyModel
-from sim.latency_calibrated import CalibratedLatencyModel
-from sim.latency_factory import ENGINE_FIELDS, make_latency_model
-from sim.run import simulate
+from sim.pricing import factory as latency_factory
+from sim.pricing.analytic import AnalyticLatencyModel
+from sim.pricing.calibrated import CalibratedLatencyModel
+from sim.pricing.factory import ENGINE_FIELDS, make_latency_model
+from sim.pricing.latency import StepBatch
+from sim.runs.run import simulate
 
 
 def point(policy: str, gmu: float, concurrency: int) -> RunConfig:

@@ -1,7 +1,8 @@
 """Imports point one way: core <- policies, workloads <- sim <- calibrate; no import cycles.
 
-Every `import` statement counts, also those inside functions and under TYPE_CHECKING:
-a deferred import still ties the two modules together.
+Inside sim/ and calibrate/ the packages point one way too (ALLOWED below; docs/design.md#layout
+says the same in words). Every `import` statement counts, also those inside functions and under
+TYPE_CHECKING: a deferred import still ties the two modules together.
 """
 from __future__ import annotations
 
@@ -13,6 +14,26 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 # A package may import its own modules and those of packages of a lower rank only.
 RANK = {"core": 0, "policies": 1, "workloads": 1, "sim": 2, "calibrate": 3}
+# Inside sim/ and calibrate/: the packages each may import besides its own modules (and, through
+# them, what those may). The top modules (sim.cli, sim.readme, calibrate.cli) may import any
+# package of theirs; no package imports them.
+ALLOWED = {
+    "sim.pricing": set(),
+    "sim.engine": {"sim.pricing"},
+    "sim.runs": {"sim.engine"},
+    "sim.figures": {"sim.runs"},
+    "sim.plan": {"sim.figures"},
+    "sim.validate": {"sim.figures"},
+    "calibrate.kernels": set(),
+    "calibrate.model": {"calibrate.kernels"},
+    "calibrate.device": set(),
+    "calibrate.executor": {"calibrate.model", "calibrate.device"},
+    "calibrate.tables": {"calibrate.executor"},
+    "calibrate.benches": {"calibrate.tables"},
+    "calibrate.replay": {"calibrate.tables"},
+    "calibrate.frontend": set(),
+    "calibrate.carry": set(),
+}
 
 
 def _module_name(path: Path) -> str:
@@ -115,3 +136,57 @@ def test_the_checker_sees_deferred_upward_and_circular_imports(tmp_path):
     e = import_edges(modules)
     assert e == {"core.a": {"sim.b"}, "sim.b": {"sim.c"}, "sim.c": {"sim.b"}}
     assert _cycles(e) == [["sim.b", "sim.c"]]
+
+
+def unit(module: str) -> str:
+    """The package of `module` that ALLOWED speaks of: `sim.engine` for sim.engine.core, the top
+    package (`sim`) for its own top modules (sim.cli)."""
+    parts = module.split(".")
+    two = ".".join(parts[:2])
+    return two if two in ALLOWED else parts[0]
+
+
+def allowed(package: str) -> set[str]:
+    """ALLOWED's packages for `package`, followed through: engine may import pricing, runs what engine may."""
+    out: set[str] = set()
+    todo = list(ALLOWED.get(package, ()))
+    while todo:
+        p = todo.pop()
+        if p not in out:
+            out.add(p)
+            todo += ALLOWED[p]
+    return out
+
+
+def against_table(edges: dict[str, set[str]]) -> list[str]:
+    """Imports between two packages of one top package that ALLOWED does not allow; importing a
+    top module (sim.cli) from anywhere else is one."""
+    return [f"{m} imports {t}" for m, ts in sorted(edges.items()) for t in sorted(ts)
+            if m.split(".")[0] == t.split(".")[0] and (a := unit(m)) != (b := unit(t))
+            and (b not in ALLOWED or a in ALLOWED and b not in allowed(a))]
+
+
+def test_packages_inside_sim_and_calibrate_import_one_way(edges):
+    bad = against_table(edges)
+    assert not bad, "imports against the packages' table (ALLOWED):\n" + "\n".join(bad)
+
+
+def test_every_package_of_sim_and_calibrate_is_in_the_table():
+    packages = {p.parent.relative_to(REPO).as_posix().replace("/", ".") for top in ("sim", "calibrate")
+                for p in (REPO / top).glob("*/__init__.py")}
+    assert packages == set(ALLOWED), f"packages not in ALLOWED: {sorted(packages - set(ALLOWED))}; " \
+                                     f"in ALLOWED but gone: {sorted(set(ALLOWED) - packages)}"
+
+
+def test_the_table_points_one_way():
+    assert all(p not in allowed(p) for p in ALLOWED), "ALLOWED has a cycle"
+    assert all(set(v) <= set(ALLOWED) for v in ALLOWED.values())
+
+
+def test_the_package_checker_sees_sideways_and_upward_imports():
+    # engine -> runs points up; plan -> validate sideways; runs -> pricing through engine is fine;
+    # a package importing a top module (sim.cli) is against the table too.
+    edges = {"sim.engine.core": {"sim.runs.run"}, "sim.plan.cli": {"sim.validate.cli", "sim.pricing.latency"},
+             "sim.runs.run": {"sim.pricing.latency"}, "sim.figures.cli": {"sim.cli"}}
+    assert against_table(edges) == ["sim.engine.core imports sim.runs.run", "sim.figures.cli imports sim.cli",
+                                    "sim.plan.cli imports sim.validate.cli"]

@@ -9,8 +9,8 @@ import pytest
 from core.config import ConfigError, EngineConfig, load_hardware, load_model, load_policy
 from policies import make_policy
 from sim.cli import main as cli
-from sim.budget import block_layout, memory_budget
-from sim.memory import memory_facts
+from sim.engine.budget import block_layout, memory_budget
+from sim.engine.memory import memory_facts
 
 MiB, GiB = 1 << 20, 1 << 30
 MODELS = {"qwen3.5-35b-a3b": (30, 10, 30 * MiB, 0.625 * GiB), "qwen3.5-397b-a17b": (45, 15, 90 * MiB, 0.9375 * GiB)}

@@ -7,9 +7,9 @@ import pytest
 
 from core.config import ConfigError, EngineConfig, GiB, load_hardware, load_model, load_policy
 from policies import make_policy
-from sim.budget import (SAMPLER_ANCHOR_BYTES, block_layout, estimated_sampler_bytes, kv_cache_groups, memory_budget,
+from sim.engine.budget import (SAMPLER_ANCHOR_BYTES, block_layout, estimated_sampler_bytes, kv_cache_groups, memory_budget,
                         served_model)
-from sim.pool import make_pool
+from sim.engine.pool import make_pool
 
 NONE = EngineConfig(enable_prefix_caching=False)
 ALIGN = EngineConfig()  # vLLM's default: prefix caching on, so "align" for a GDN hybrid

@@ -11,8 +11,8 @@ import yaml
 from core.config import ConfigError, EngineConfig, ModelConfig, load_hardware, load_model, load_policy
 from policies import make_policy
 from sim.cli import main as cli
-from sim.memory import memory_facts, pool_facts
-from sim.model_import import generation_sampling, import_config, layer_pattern, param_counts
+from sim.engine.memory import memory_facts, pool_facts
+from sim.runs.model_import import generation_sampling, import_config, layer_pattern, param_counts
 
 FIXTURES = Path(__file__).parent / "data" / "hf_configs"
 # fixture folder -> the model YAML it must reproduce

@@ -4,8 +4,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from calibrate.benches.moe_routing import routing_stats, skew  # noqa: E402
 from calibrate.kernels.inputs import moe_inputs  # noqa: E402
-from calibrate.moe_routing import routing_stats, skew  # noqa: E402
 
 
 def test_skew_adds_the_bias_to_every_tokens_logits():

@@ -6,15 +6,15 @@ import pytest
 
 from core.config import ConfigError, EngineConfig, RunConfig, load_hardware, load_model, load_policy
 from policies import make_policy
-from sim.budget import block_layout, served_model
 from sim.cli import main as cli
-from sim.dispatch import capture_sizes
-from sim.latency_analytic import AnalyticLatencyModel
-from sim.kernel_rows import load_kernels
-from sim.latency_calibrated import CalibratedLatencyModel
-from sim.run import simulate
-from sim.speculation import resolve_speculation, speculating_model
-from sim.step_trace import assemble_batch
+from sim.engine.budget import block_layout, served_model
+from sim.engine.step_trace import assemble_batch
+from sim.pricing.analytic import AnalyticLatencyModel
+from sim.pricing.calibrated import CalibratedLatencyModel
+from sim.pricing.dispatch import capture_sizes
+from sim.pricing.kernel_rows import load_kernels
+from sim.runs.run import simulate
+from sim.runs.speculation import resolve_speculation, speculating_model
 
 FIXTURE = Path(__file__).parent / "data" / "kernels_none_fixture.csv"
 

@@ -10,9 +10,9 @@ SCRIPT = textwrap.dedent("""
             if name.split(".")[0] in ("torch", "triton"):
                 raise ImportError(f"{name} is blocked in this test")
     sys.meta_path.insert(0, Block())
-    import sim.cli, sim.run, sim.sweep, sim.figures, sim.report, sim.latency_calibrated, workloads, policies
+    import sim.cli, sim.runs.run, sim.runs.sweep, sim.figures.cli, sim.runs.report, sim.pricing.calibrated, workloads, policies
     from core.config import RunConfig
-    from sim.run import simulate
+    from sim.runs.run import simulate
     s = simulate(RunConfig(num_requests=20, client={"max_concurrency": 4}))
     assert s["completed"] == 20 and s["latency_source"] in ("calibrated", "mixed"), s["latency_source"]
     assert not any(m.split(".")[0] in ("torch", "triton") for m in sys.modules)

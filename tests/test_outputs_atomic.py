@@ -10,9 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import sim.figures as figures
-import sim.run as run_mod
-import sim.sweep as sweep
+import sim.figures.cli as figures
+import sim.runs.run as run_mod
+import sim.runs.sweep as sweep
 from core.folder_lock import FolderLock
 from sim.cli import main as cli
 from test_bad_input import one_line_error

@@ -10,10 +10,10 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from calibrate import attention_backends as AB  # noqa: E402
-from calibrate.flashinfer_gdn import load_flashinfer_chunk  # noqa: E402
 from calibrate.kernels.inputs import nan_poison, paged_inputs  # noqa: E402
 from calibrate.kernels.naive import paged_attention_ref  # noqa: E402
+from calibrate.model import attention_backends as AB  # noqa: E402
+from calibrate.model.flashinfer_gdn import load_flashinfer_chunk  # noqa: E402
 from policies.kernels import reference as ref  # noqa: E402
 from policies.kernels.inputs import rel_err  # noqa: E402
 

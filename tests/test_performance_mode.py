@@ -12,11 +12,11 @@ import pytest
 from core.batch_limits import batch_limits
 from core.config import EngineConfig, RunConfig, load_hardware, load_model, load_policy
 from policies import make_policy
-from sim.budget import memory_budget, served_model
 from sim.cli import main as cli
-from sim.dispatch import capture_sizes
-from sim.run import simulate
-from sim.step_trace import batch_of, read_steps
+from sim.engine.budget import memory_budget, served_model
+from sim.engine.step_trace import batch_of, read_steps
+from sim.pricing.dispatch import capture_sizes
+from sim.runs.run import simulate
 
 H200 = load_hardware("h200")  # the OpenAI server's defaults on a >= 70 GiB GPU: 8192 tokens, 1024 sequences
 LONG = 32768
@@ -50,7 +50,7 @@ def test_defaulted_limits_are_capped_by_each_other_after_doubling():
 @pytest.mark.parametrize("mode", ["balanced", "interactivity", "throughput"])
 @pytest.mark.parametrize("engine", [{}, {"max_num_seqs": 64}, {"max_num_batched_tokens": 300}])
 def test_resolved_limits_resolve_to_themselves(mode, engine):
-    # What a traced run's steps.csv records (sim.run.resolved) must give a replay the same limits.
+    # What a traced run's steps.csv records (sim.runs.run.resolved) must give a replay the same limits.
     tokens, seqs = limits(performance_mode=mode, **engine)
     assert limits(performance_mode=mode, max_num_batched_tokens=tokens, max_num_seqs=seqs) == (tokens, seqs)
 
@@ -105,7 +105,7 @@ def test_cli_names_the_mode_and_refuses_another(tmp_path, capsys):
 
 
 def test_plan_candidates_default_to_the_modes_limits():
-    from sim.plan import add_arguments, candidates_from, settings_from
+    from sim.plan.cli import add_arguments, candidates_from, settings_from
     p = argparse.ArgumentParser()
     add_arguments(p)
     args = p.parse_args(["--workload", "synthetic-fixed", "--slo", "ttft_p99=2s", "--policy", "none",

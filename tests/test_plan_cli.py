@@ -7,13 +7,13 @@ import pytest
 
 from core.config import ConfigError, RunConfig
 from sim.cli import main as cli
-from sim.metrics import measured
-from sim.plan_candidates import candidates
-from sim.plan_dense import dense_capacity, dense_rates, dense_sweep
-from sim.plan_run import PlanSettings, run_plan
-from sim.plan_slo import parse_slo, parse_slos
-from sim.request import Request
-from sim.sweep import run_sweep
+from sim.engine.metrics import measured
+from sim.engine.request import Request
+from sim.plan.candidates import candidates
+from sim.plan.dense import dense_capacity, dense_rates, dense_sweep
+from sim.plan.run import PlanSettings, run_plan
+from sim.plan.slo import parse_slo, parse_slos
+from sim.runs.sweep import run_sweep
 from workloads.base import RequestSpec
 
 SMALL = ["--workload", "synthetic-fixed", "--num-requests", "40", "--jobs", "2", "--no-progress"]
@@ -137,7 +137,7 @@ def test_measured_requests_leave_out_warmup_and_cooldown_by_arrival():
 def test_warmup_window_is_validated_and_reaches_the_summary():
     with pytest.raises(ValueError, match="would leave out more than half of the requests; allowed: 0 to 0.5"):
         RunConfig(measure={"warmup_fraction": 0.6, "cooldown_fraction": 0.4})
-    from sim.run import simulate
+    from sim.runs.run import simulate
 
     cfg = RunConfig(num_requests=20, client={"request_rate": 50.0}, measure={"warmup_fraction": 0.25})
     full, window = simulate(RunConfig(num_requests=20, client={"request_rate": 50.0})), simulate(cfg)

@@ -6,12 +6,12 @@ from pathlib import Path
 import pytest
 
 from core.config import ConfigError, RunConfig
-from sim.plan_candidates import Candidate, candidates
-from sim.plan_dense import dense_capacity, dense_rates
-from sim.plan_run import PlanSettings, best, run_plan
-from sim.plan_search import CapacitySearch, Probe, check_tolerance
-from sim.plan_slo import parse_slo, parse_slos
-from sim.sweep import run_sweep
+from sim.plan.candidates import Candidate, candidates
+from sim.plan.dense import dense_capacity, dense_rates
+from sim.plan.run import PlanSettings, best, run_plan
+from sim.plan.search import CapacitySearch, Probe, check_tolerance
+from sim.plan.slo import parse_slo, parse_slos
+from sim.runs.sweep import run_sweep
 
 BASE_TTFT = 0.1  # s, an idle engine's p99 TTFT in the stub
 SLOS = parse_slos(["ttft_p99=1s", "tpot_mean=50ms"])
@@ -222,7 +222,7 @@ def test_each_policy_keeps_its_own_tree_without_trees():
 
 
 def test_trace_arrivals_are_time_scaled_to_the_probed_rate():
-    from sim.plan_run import TraceRates, probe_config
+    from sim.plan.run import TraceRates, probe_config
     from workloads import load_workload
     from workloads.arrivals import trace_arrival_times
 

@@ -3,7 +3,7 @@ it: guidellm's synthetic prompts and a published guidellm case's client both car
 tokens (workloads/guidellm.py); vLLM's benchmark on /v1/completions sends none."""
 from pathlib import Path
 
-from sim.validate_cases import load_case
+from sim.validate.cases import load_case
 from workloads import load_workload
 from workloads.guidellm import CHAT_TEMPLATE_TOKENS
 

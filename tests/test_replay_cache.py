@@ -12,7 +12,7 @@ from policies.kernels.replay import ReplayState
 
 def allocated_bytes_per_layer(model, flush_interval, depth) -> int:
     """Bytes of one sequence's replay caches in one GDN layer on one rank, as the executor
-    allocates them (calibrate/executor_gdn.py: ReplayState and ReplayConvState, bf16)."""
+    allocates them (calibrate/executor/gdn.py: ReplayState and ReplayConvState, bf16)."""
     g, tp = model.gdn, model.tensor_parallel
     state = torch.zeros(1, g.num_v_heads // tp, g.head_v_dim, g.head_k_dim)
     rs = ReplayState.start(state, flush_interval, depth + 1, g.num_k_heads // tp)

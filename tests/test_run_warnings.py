@@ -3,8 +3,8 @@ request, says so on stderr and in its summary (a sweep names how many points did
 import json
 
 from sim.cli import main as cli
-from sim.metrics import run_warnings
-from sim.request import Request, Status
+from sim.engine.metrics import run_warnings
+from sim.engine.request import Request, Status
 from workloads.base import RequestSpec
 
 

@@ -1,14 +1,14 @@
-"""The sampler bench (calibrate/sampler_bench.py): vLLM's sampling path as it times it, on the CPU
+"""The sampler bench (calibrate/benches/sampler.py): vLLM's sampling path as it times it, on the CPU
 through the torch sort rule, and on the GPU with vLLM's Triton top-k/top-p kernel; and the
-sustained-load summary of calibrate/clock_hold.py."""
+sustained-load summary of calibrate/benches/clock_hold.py."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from calibrate import sampler_bench as S
-from calibrate.clock_hold import summary
-from calibrate.profile_peak import apply_top_k_top_p
+from calibrate.benches import sampler as S
+from calibrate.benches.clock_hold import summary
+from calibrate.benches.profile_peak import apply_top_k_top_p
 
 
 def _params(rows: int, device="cpu"):

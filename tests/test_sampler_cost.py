@@ -1,4 +1,4 @@
-"""What sampling adds to a step (sim/sampler_cost.py, docs/sampling.md): the path the requests'
+"""What sampling adds to a step (sim/pricing/sampler_cost.py, docs/sampling.md): the path the requests'
 sampling selects (engine.sampling over the model's generation_sampling), the table rows each path is
 read at, another vocabulary's scaling, and the committed H200 table's measured rows."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from core.config import REPO_ROOT, EngineConfig, load_model
 from core.tables import read_rows, SAMPLER_COLUMNS
 from latency_tables import MODEL, decode, known, load, make_tables  # pytest puts tests/ on the path
-from sim.sampler_cost import load_sampler
+from sim.pricing.sampler_cost import load_sampler
 
 H200 = REPO_ROOT / "results/calibration/h200/sampler.csv"
 

@@ -1,5 +1,5 @@
 """One rule each: a value vLLM refuses at start-up, or one that cannot mean what was typed, is
-refused by `run`, `memory`, `sweep`, `plan` and the YAML files alike (sim.startup_checks), in
+refused by `run`, `memory`, `sweep`, `plan` and the YAML files alike (sim.runs.startup_checks), in
 one line naming the field and what is allowed, exit 2, before anything is written; and each
 allowed value at the edge of a rule is taken."""
 import json
@@ -9,7 +9,7 @@ import yaml
 
 from core.config import CONFIG_DIR, ConfigError, RunConfig, load_model
 from sim.cli import main as cli
-from sim.startup_checks import check_points, serve, tp_problem
+from sim.runs.startup_checks import check_points, serve, tp_problem
 from test_bad_input import fake_sweep, no_simulation, one_line_error  # noqa: F401 (fixtures)
 
 SMALL = ["--num-requests", "4"]
@@ -68,7 +68,7 @@ def test_no_speculation_with_a_tree_is_refused_everywhere(tmp_path, capsys, no_s
 
 
 def test_a_grid_tree_is_the_speculating_policies_tree(tmp_path):
-    from sim.grid import load_grid
+    from sim.runs.grid import load_grid
 
     grid = tmp_path / "g.yaml"
     grid.write_text("fixed: {policy_overrides.draft_tree_widths: [2, 2]}\naxes: {policy: [store_all, none]}\n")
@@ -240,7 +240,7 @@ def test_a_missing_calibration_folder_is_refused_and_the_roofline_must_be_asked_
 
 
 def test_the_roofline_says_so_in_the_summary(tmp_path):
-    from sim.run import simulate
+    from sim.runs.run import simulate
 
     roofline = yaml_file(tmp_path, "hardware", "h200", calibration_dir=None)
     summary = simulate(RunConfig(hardware=roofline, num_requests=2))

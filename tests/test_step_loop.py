@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.config import GiB
-from sim.acceptance import AcceptanceStream
-from sim.dispatch import capture_sizes, dispatch, dispatch_counts
-from sim.pool import make_pool
+from sim.engine.acceptance import AcceptanceStream
+from sim.engine.pool import make_pool
+from sim.pricing.dispatch import capture_sizes, dispatch, dispatch_counts
 from test_engine_scenarios import CURRENT, scenario, setup, specs
 
 
@@ -94,7 +94,7 @@ def test_a_finished_request_holds_no_acceptance_stream():
 @given(st.lists(st.lists(st.floats(0, 100), max_size=30), max_size=40), st.integers(1, 9))
 def test_gaps_gathered_in_chunks_are_each_requests_gaps_in_turn(emissions, chunk):
     from types import SimpleNamespace
-    from sim import metrics
+    from sim.engine import metrics
     requests = [SimpleNamespace(token_times=sorted(t)) for t in emissions]
     expected = [g for r in requests for g in np.diff(r.token_times).tolist()]
     with pytest.MonkeyPatch.context() as m:
@@ -103,7 +103,7 @@ def test_gaps_gathered_in_chunks_are_each_requests_gaps_in_turn(emissions, chunk
 
 
 def test_percentiles_taken_in_place_are_those_of_the_values():
-    from sim.metrics import PERCENTILES, _stats
+    from sim.engine.metrics import PERCENTILES, _stats
     values = np.random.default_rng(3).exponential(size=10_001)
     got = _stats("x", values.copy())
     assert got["x_mean_s"] == float(values.mean())

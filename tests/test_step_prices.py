@@ -1,17 +1,17 @@
-"""Each distinct batch is priced once (sim.step_prices): a step whose totals repeat gets the
+"""Each distinct batch is priced once (sim.engine.step_prices): a step whose totals repeat gets the
 price its own batch has, the memo lets go under load, and the step log's per-term sums,
 durations and usage are what adding step by step gives."""
 import random
 
 import pytest
 
-from sim.acceptance import AcceptanceModel
-from sim.engine import run_engine
-from sim.latency import TERMS, LatencySources, StepTime
-from sim.metrics import StepLog
-from sim.pool import make_pool
-from sim.step_prices import PROBE_ENTRIES, StepPrices
-from sim.step_trace import BatchTotals
+from sim.engine.acceptance import AcceptanceModel
+from sim.engine.core import run_engine
+from sim.engine.metrics import StepLog
+from sim.engine.pool import make_pool
+from sim.engine.step_prices import PROBE_ENTRIES, StepPrices
+from sim.engine.step_trace import BatchTotals
+from sim.pricing.latency import TERMS, LatencySources, StepTime
 from test_engine_scenarios import CURRENT, OLD, setup, specs
 
 

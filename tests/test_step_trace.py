@@ -6,10 +6,10 @@ import pytest
 
 from core.config import EngineConfig, RunConfig, load_hardware, load_model, load_policy
 from policies import make_policy
-from sim.dispatch import capture_sizes, dispatch
-from sim.latency_factory import make_latency_model
-from sim.run import simulate
-from sim.step_trace import (StepTraceError, TracedRequest, TracedStep, batch_of, read_steps, write_steps)
+from sim.pricing.dispatch import capture_sizes, dispatch
+from sim.pricing.factory import make_latency_model
+from sim.runs.run import simulate
+from sim.engine.step_trace import (StepTraceError, TracedRequest, TracedStep, batch_of, read_steps, write_steps)
 
 
 # ------------------------------------------------------------------ dispatch

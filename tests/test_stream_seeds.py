@@ -6,8 +6,8 @@ import random
 import numpy as np
 import pytest
 
-from sim.acceptance import FIRST_BLOCK_MARGIN, SEED_BLOCK, SEED_BLOCKS_KEPT, AcceptanceModel, AcceptanceStream
-from sim.stream_seeds import Seeded, seed_words, uint32_words
+from sim.engine.acceptance import FIRST_BLOCK_MARGIN, SEED_BLOCK, SEED_BLOCKS_KEPT, AcceptanceModel, AcceptanceStream
+from sim.engine.stream_seeds import Seeded, seed_words, uint32_words
 
 SEEDS = (0, 1, 7, 2**32 - 1, 2**32, 2**40 + 5, 2**70 + 3, 2**130 + 11)
 ID_BLOCKS = (0, 1024, 5 * 1024, 2**32 - 1024, 2**32, 2**50, 2**64 - 1024)

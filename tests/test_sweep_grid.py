@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from core.config import ConfigError, RunConfig
-from sim.grid import load_grid, valid_fields
+from sim.runs.grid import load_grid, valid_fields
 
 GRIDS = Path(__file__).resolve().parent.parent / "configs" / "grids"
 MODELS = ["qwen3.5-35b-a3b", "qwen3.5-397b-a17b"]

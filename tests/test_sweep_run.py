@@ -17,12 +17,12 @@ import pytest
 
 from core.config import ConfigError, RunConfig
 from core.files import atomic_write_text
-import sim.sweep as sweep
-import sim.sweep_executors as sweep_executors
-from sim.report import write_points_csv
+import sim.runs.sweep as sweep
+import sim.runs.sweep_executors as sweep_executors
 from sim.cli import main as cli
-from sim.grid import load_grid
-from sim.report import build_table
+from sim.runs.grid import load_grid
+from sim.runs.report import write_points_csv
+from sim.runs.report import build_table
 
 REPO = Path(__file__).resolve().parent.parent
 BLOCKS = {"store_all": 4, "reconstruct": 1, "replay": 1}
@@ -213,10 +213,10 @@ def test_dask_local_cluster_matches_process_pool(grid_file, tmp_path):
 CTRL_C_SCRIPT = """\
 import sys
 sys.path[:0] = [{repo!r}, {tests!r}]  # this checkout's code, wherever the script lies
-import sim.sweep
+import sim.runs.sweep
 import test_sweep_run
-sim.sweep.default_simulate = getattr(test_sweep_run, sys.argv[1])
-sim.sweep.warm_workloads = test_sweep_run.no_prepare
+sim.runs.sweep.default_simulate = getattr(test_sweep_run, sys.argv[1])
+sim.runs.sweep.warm_workloads = test_sweep_run.no_prepare
 from sim.cli import main
 sys.exit(main(["sweep", "--workload", "synthetic-fixed", "--grid", {grid!r}, "--jobs", "2", "--out", {out!r}, "--no-progress"]))
 """
@@ -318,7 +318,7 @@ def test_changed_workload_data_changes_the_keys(tmp_path):
 
 def test_git_describe_counts_source_edits_not_generated_docs(tmp_path, monkeypatch):
     """make docs rewrites docs/ and README.md while its sweeps run: those edits must not mark the sweeps dirty."""
-    import sim.sweep as sweep_mod
+    import sim.runs.sweep as sweep_mod
     git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
     subprocess.run(git + ["init", "-q", str(tmp_path)], check=True)
     for name in ("docs/a.md", "README.md", "sim.py"):

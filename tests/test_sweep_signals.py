@@ -23,7 +23,7 @@ GRID = "fixed: {num_requests: 4}\naxes:\n  client.max_concurrency: [1, 256]\n  p
 SCRIPT = """\
 import os, sys, time
 sys.path[:0] = [{repo!r}, {tests!r}]
-import sim.sweep
+import sim.runs.sweep
 import test_sweep_run
 
 def marks_and_waits(cfg):
@@ -33,8 +33,8 @@ def marks_and_waits(cfg):
         time.sleep(3600)
     return test_sweep_run.fake_simulate(cfg)
 
-sim.sweep.default_simulate = marks_and_waits
-sim.sweep.warm_workloads = test_sweep_run.no_prepare
+sim.runs.sweep.default_simulate = marks_and_waits
+sim.runs.sweep.warm_workloads = test_sweep_run.no_prepare
 from sim.cli import main
 sys.exit(main(["sweep", "--workload", "synthetic-fixed", "--grid", {grid!r}, "--jobs", "2", "--out", {out!r},
                "--no-progress"]))
@@ -93,10 +93,10 @@ def test_sigkill_of_a_sweep_ends_its_workers_and_the_rerun_resumes(sweep_script,
         for w in workers if "workers" in locals() else []:
             if _alive(w):
                 os.kill(w, signal.SIGKILL)
-    import sim.sweep
+    import sim.runs.sweep
     import test_sweep_run
-    monkeypatch.setattr(sim.sweep, "default_simulate", test_sweep_run.fake_simulate)
-    monkeypatch.setattr(sim.sweep, "warm_workloads", test_sweep_run.no_prepare)
+    monkeypatch.setattr(sim.runs.sweep, "default_simulate", test_sweep_run.fake_simulate)
+    monkeypatch.setattr(sim.runs.sweep, "warm_workloads", test_sweep_run.no_prepare)
     rc = cli(["sweep", "--workload", "synthetic-fixed", "--grid", str(tmp_path / "grid.yaml"), "--jobs", "1",
               "--out", str(tmp_path / "out"), "--no-progress"])
     err = capsys.readouterr().err

@@ -8,10 +8,10 @@ import pytest
 import yaml
 
 from sim.cli import main as cli
-from sim.run import simulate
-from sim.validate_cases import load_case, load_cases
-from sim.validate_metrics import GUIDELLM as COMPARED
-from sim.validate_metrics import UNTIMED_REASONING, compared, left_out
+from sim.runs.run import simulate
+from sim.validate.cases import load_case, load_cases
+from sim.validate.metrics import GUIDELLM as COMPARED
+from sim.validate.metrics import UNTIMED_REASONING, compared, left_out
 from workloads import load_workload
 
 REAL = Path(__file__).resolve().parent.parent / "validation" / "real"
@@ -148,7 +148,7 @@ def test_the_mtp_runs_totals_are_not_a_prefix_of_the_sampling():
 
 
 def test_a_speculating_case_runs_as_specsim_run_and_names_its_acceptance(tmp_path):
-    # depth 3: deeper drafts need the workload's acceptance rows (sim.startup_checks)
+    # depth 3: deeper drafts need the workload's acceptance rows (sim.runs.startup_checks)
     real = small_case(tmp_path, model="qwen3.5-35b-a3b-fp8", num_speculative_tokens=3)
     out = tmp_path / "out"
     assert cli(["validate", "--real", str(real), "--out", str(out), "--no-progress", "--client-overhead", "none",

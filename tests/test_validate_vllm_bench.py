@@ -12,11 +12,11 @@ import yaml
 
 from core.config import ConfigError
 from sim.cli import main as cli
-from sim.metrics import StepLog, measured, request_rows, summarize
-from sim.request import Request, Status
-from sim.run import simulate
-from sim.validate_cases import load_case
-from sim.vllm_bench_metrics import vllm_bench_metrics
+from sim.engine.metrics import StepLog, measured, request_rows, summarize
+from sim.engine.request import Request, Status
+from sim.runs.run import simulate
+from sim.validate.cases import load_case
+from sim.validate.vllm_bench_metrics import vllm_bench_metrics
 from workloads import load_workload
 from workloads.base import RequestSpec
 from workloads.guidellm import count_qwen_tokens

@@ -4,7 +4,7 @@ float32 scale per 128 x 128 block, activations quantised at run time per token a
 CUDA runs its C++ kernel of many groups per thread block), and the GEMM that multiplies the two,
 rescaling each K-block's partial product (the contract of vLLM's Triton
 `w8a8_triton_block_scaled_mm`; on Hopper vLLM runs DeepGEMM or its CUTLASS kernel instead,
-docs/vllm_kernels.md, which calibrate/fp8_bench.py stands in for with torch's block-wise scaled_mm).
+docs/vllm_kernels.md, which calibrate/benches/fp8.py stands in for with torch's block-wise scaled_mm).
 
 Each kernel has a plain-PyTorch `_ref` beside it with the same signature (float64 inside).
 """

@@ -8,7 +8,7 @@ the entry whose token count is nearest its own. Our files have the same names an
 plus `sorted` (whether the pairs are grouped by expert: the small-batch path skips the
 sort) and `down_block_n`; our gate+up GEMM carries gate and up as two [BLOCK_K, BLOCK_N]
 tiles, so our BLOCK_N is half of vLLM's over its single [gate | up] N dimension.
-`python3 -m calibrate.kernels.moe_tune` writes them from timings; without a file for the
+`python3 -m calibrate.benches.moe_tune` writes them from timings; without a file for the
 shapes and GPU, `default_config` (a heuristic by token count) is used.
 """
 from __future__ import annotations

@@ -24,7 +24,7 @@ def _driver(prov: dict) -> str:
 
 
 def _part(run: str, prov: dict, rows: int) -> dict:
-    """One provenance part (calibrate.provenance's fields) for the rows of one device run."""
+    """One provenance part (calibrate.device.provenance's fields) for the rows of one device run."""
     dt = prov.get("device_time_s")
     if isinstance(dt, dict):  # e.g. {"this_call_command_wall_s": ..., "earlier_call_s": ...}: all device time
         dt = round(sum(v for v in dt.values() if isinstance(v, (int, float))), 1) or None

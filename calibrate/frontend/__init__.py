@@ -1,0 +1,4 @@
+"""What vLLM's API server spends per request and per step, measured on this CPU.
+
+Layer: imports `core` only.
+"""
