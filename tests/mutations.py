@@ -384,6 +384,10 @@ MUTATIONS = (
              "from sim.pricing.latency import LatencyModel\n\nENGINE_FIELDS",
              "from sim.pricing.latency import LatencyModel\nfrom sim.engine.pool import Pool  # noqa: F401\n\nENGINE_FIELDS",
              ("tests/test_layering.py", "-k", "packages_inside")),
+    Mutation("engine-part-from-outside", "a run reaches into the engine's scheduler instead of its entry point",
+             "from sim.engine.core import EngineResult, run_engine",
+             "from sim.engine.core import EngineResult, run_engine\nfrom sim.engine.scheduler import Scheduler  # noqa: F401",
+             ("tests/test_layering.py", "-k", "entered_through")),
 )
 
 

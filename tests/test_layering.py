@@ -34,6 +34,10 @@ ALLOWED = {
     "calibrate.frontend": set(),
     "calibrate.carry": set(),
 }
+# The engine's loop and its parts: reached from outside sim.engine only through its entry point,
+# sim.engine.core.run_engine (docs/design.md#layout; sim/engine/__init__.py names the hand-offs).
+ENGINE_PARTS = {f"sim.engine.{m}" for m in ("scheduler", "step_plan", "step_prices", "decode_group", "decode_run",
+                                            "frontend_steps", "frontend", "client", "request", "stream_seeds")}
 
 
 def _module_name(path: Path) -> str:
@@ -112,8 +116,13 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 @pytest.fixture(scope="module")
-def edges() -> dict[str, set[str]]:
-    return import_edges(_modules())
+def modules() -> dict[str, Path]:
+    return _modules()
+
+
+@pytest.fixture(scope="module")
+def edges(modules) -> dict[str, set[str]]:
+    return import_edges(modules)
 
 
 def test_no_upward_or_sideways_imports(edges):
@@ -190,3 +199,20 @@ def test_the_package_checker_sees_sideways_and_upward_imports():
              "sim.runs.run": {"sim.pricing.latency"}, "sim.figures.cli": {"sim.cli"}}
     assert against_table(edges) == ["sim.engine.core imports sim.runs.run", "sim.figures.cli imports sim.cli",
                                     "sim.plan.cli imports sim.validate.cli"]
+
+
+def engine_parts_from_outside(edges: dict[str, set[str]]) -> list[str]:
+    return [f"{m} imports {t}" for m, ts in sorted(edges.items()) for t in sorted(ts)
+            if t in ENGINE_PARTS and unit(m) != "sim.engine"]
+
+
+def test_the_engine_is_entered_through_run_engine(edges, modules):
+    assert ENGINE_PARTS <= set(modules), f"ENGINE_PARTS names modules that are gone: {ENGINE_PARTS - set(modules)}"
+    bad = engine_parts_from_outside(edges)
+    assert not bad, "the engine's parts imported from outside it (use sim.engine.core.run_engine):\n" + "\n".join(bad)
+
+
+def test_the_engine_checker_sees_a_part_imported_from_outside():
+    edges = {"sim.runs.run": {"sim.engine.core", "sim.engine.scheduler"}, "sim.engine.core": {"sim.engine.scheduler"},
+             "calibrate.replay.run": {"sim.engine.step_trace"}}
+    assert engine_parts_from_outside(edges) == ["sim.runs.run imports sim.engine.scheduler"]

@@ -11,6 +11,8 @@ and are never first or last (they leave the group before a step could end them).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from sim.engine.decode_group import DecodeGroup
 from sim.engine.frontend import FrontendLoop, StepEvent
 from sim.engine.request import Request, Status
@@ -18,7 +20,16 @@ from sim.engine.scheduler import Scheduler
 from sim.engine.step_plan import StepPlan
 
 
-def candidates(sched: Scheduler, plan: StepPlan) -> tuple[dict[Request, int], int, int]:
+class PlacedOutputs(NamedTuple):
+    """A step's outputs as the API server's loop will stream them, taken before the scheduler
+    processes them (`candidates`) and handed to `serve` after."""
+
+    positions: dict[Request, int]  # where each request that may get its first or last output stands
+    outputs: int  # the step's outputs: requests that sample in it
+    generated: int  # the tokens their streams had generated before the step
+
+
+def candidates(sched: Scheduler, plan: StepPlan) -> PlacedOutputs:
     """Before the step's outputs are processed: the positions of the plan's requests that may get
     their first or last output, the step's outputs and the tokens their streams had generated."""
     most = sched.verify_positions  # tokens a step emits for a request at most
@@ -30,7 +41,7 @@ def candidates(sched: Scheduler, plan: StepPlan) -> tuple[dict[Request, int], in
     own = [r for r in tokens if r.status is not done and r not in partial]
     generated = (int(group.generated.sum()) if members else 0) + sum(r.generated for r in own)
     if not maybe:
-        return {}, members + len(own), generated
+        return PlacedOutputs({}, members + len(own), generated)
     pos, k = {}, 0
     for r in sched.running:
         if r.group:
@@ -42,10 +53,10 @@ def candidates(sched: Scheduler, plan: StepPlan) -> tuple[dict[Request, int], in
     for r in maybe - pos.keys():  # preempted while the step ran: its tokens still count, after the others
         pos[r] = k
         k += 1
-    return pos, members + len(own), generated
+    return PlacedOutputs(pos, members + len(own), generated)
 
 
-def serve(front: FrontendLoop, placed: tuple[dict[Request, int], int, int], now: float,
+def serve(front: FrontendLoop, placed: PlacedOutputs, now: float,
           finished: list[Request]) -> dict[Request, float]:
     """After the step's outputs are processed: when the loop writes each first and last output;
     sets the requests' first-token and finish times to those. Returns the finished ones' times."""
