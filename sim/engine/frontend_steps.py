@@ -50,7 +50,9 @@ def candidates(sched: Scheduler, plan: StepPlan) -> PlacedOutputs:
             if r in maybe:
                 pos[r] = k
             k += 1
-    for r in maybe - pos.keys():  # preempted while the step ran: its tokens still count, after the others
+    # preempted while the step ran: its tokens still count, after the others (in request order: a set
+    # of requests iterates in the order of their addresses, which differs from run to run)
+    for r in sorted(maybe - pos.keys(), key=lambda r: r.rid):
         pos[r] = k
         k += 1
     return PlacedOutputs(pos, members + len(own), generated)
