@@ -1,4 +1,4 @@
-"""A mixed step's decodes through vLLM's chunked GDN path (sim/calibration_tables.load_gdn_mixed,
+"""A mixed step's decodes through vLLM's chunked GDN path (sim/pricing/calibration_tables.load_gdn_mixed,
 CalibratedParts.mixed_decodes_us, calibrate/benches/gdn_mixed.py): the committed tables, the rule's
 scope (no speculation, a prefill beside the decodes) and the bench's gather and scatter."""
 from __future__ import annotations
