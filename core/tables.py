@@ -12,6 +12,8 @@ import io
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.files import atomic_write_text
+
 MODES = ("graph", "eager")
 COLUMNS = ("mode", "B", "P", "ctx", "tokens", "us", "us_p10", "us_p90", "reps", "copies",
            "flops", "bytes", "pct_bw", "pct_flops")
@@ -94,12 +96,14 @@ def table_path(root: Path, model: str, table: str) -> Path:
 
 
 def write_rows(path: Path, rows: list[dict], columns: tuple[str, ...] = COLUMNS) -> None:
+    """Whole or not at all (a temporary name, then a rename): a measurement cut off keeps the last table."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="raise")
+    w.writeheader()
+    for r in rows:
+        w.writerow({c: r[c] for c in columns})
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns, extrasaction="raise")
-        w.writeheader()
-        for r in rows:
-            w.writerow({c: r[c] for c in columns})
+    atomic_write_text(path, buf.getvalue())
 
 
 # Parsed tables by their bytes' digest and the columns asked for: a sweep's worker runs many

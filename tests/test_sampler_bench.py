@@ -7,7 +7,10 @@ import pytest
 import torch
 
 from calibrate.benches import sampler as S
+import json
+
 from calibrate.benches.clock_hold import summary
+from calibrate.benches.outputs import bench_parser, write_outputs
 from calibrate.benches.profile_peak import apply_top_k_top_p
 
 
@@ -80,3 +83,16 @@ def test_vllm_kernel_matches_the_sort_rule_on_the_gpu():
     ids = S.sampled(logits.bfloat16(), temp, k, p, top_k_top_p)
     kept = torch.isfinite(apply_top_k_top_p(logits.bfloat16().float(), k, p))
     assert bool(kept[torch.arange(16, device=dev), ids.long()].all())
+
+
+def test_a_bench_writes_its_table_and_provenance_whole_or_not_at_all(tmp_path):
+    args = bench_parser("calibrate.benches.x", "X.", budget_s=5.0).parse_args(["--out", str(tmp_path), "--git-commit", "abc"])
+    assert args.time_budget_s == 5.0
+    write_outputs(tmp_path, "x", [{"a": 1, "b": 2}], ("a", "b"), "calibrate.benches.x", args, ["--out", "D"], {"k": 3})
+    assert (tmp_path / "x.csv").read_text().splitlines() == ["a,b", "1,2"]
+    prov = json.loads((tmp_path / "x_provenance.json").read_text())
+    assert (prov["command"], prov["git_commit"], prov["k"]) == ("python3 -m calibrate.benches.x --out D", "abc", 3)
+    with pytest.raises(KeyError):  # a row without a column: the table of before stays, no temporary left
+        write_outputs(tmp_path, "x", [{"a": 5}], ("a", "b"), "calibrate.benches.x", args, [], {})
+    assert (tmp_path / "x.csv").read_text().splitlines() == ["a,b", "1,2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.csv", "x_provenance.json"]

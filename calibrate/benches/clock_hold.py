@@ -11,25 +11,22 @@ compares the last windows with the first.
 """
 from __future__ import annotations
 
-import argparse
-import csv
-import os
 import statistics
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import torch
 
-from calibrate.device import provenance
+from calibrate.benches.outputs import bench_parser, write_outputs
 from calibrate.device.timing import capture, copy_bandwidth_gbs, matmul_tflops
 from calibrate.model.shapes import LayerShapes
 from calibrate.tables.grid import QUICK
 from calibrate.tables.measure import Harness
 from calibrate.tables.stepcheck import Step, Weights
 from core.config import load_model
+
+MODULE = "calibrate.benches.clock_hold"
 
 SMI_FIELDS = ("clocks.sm", "clocks.mem", "power.draw", "temperature.gpu", "clocks_throttle_reasons.active")
 COLUMNS = ("t_s", "steps", "step_ms", "sm_mhz", "mem_mhz", "power_w", "temp_c", "throttle")
@@ -71,13 +68,11 @@ def summary(rows: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m calibrate.benches.clock_hold", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
+    ap = bench_parser(MODULE, __doc__, budget_s=None)
     ap.add_argument("--model", default="qwen3.5-35b-a3b")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--git-commit", default=os.environ.get("GIT_COMMIT", "unknown"))
     args = ap.parse_args(argv)
     dev = torch.device("cuda")
     model = load_model(args.model)
@@ -105,18 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     for t, n, ms in windows:
         near = min(poller.readings, key=lambda r: abs(r[0] - t))[1] if poller.readings else {}
         rows.append({"t_s": round(t, 2), "steps": n, "step_ms": round(ms, 4), **{k: near.get(k, "") for k in COLUMNS[3:]}})
-    args.out.mkdir(parents=True, exist_ok=True)
-    tmp = args.out / "clock_hold.csv.tmp"
-    with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-    tmp.replace(args.out / "clock_hold.csv")
     s = summary(rows)
     print(f"{args.model} B={args.batch} ctx={args.ctx}: {s}", flush=True)
-    provenance.write(args.out / "clock_hold_provenance.json", {
-        **provenance.environment("cuda"), "git_commit": args.git_commit,
-        "command": "python3 -m calibrate.benches.clock_hold " + " ".join(argv if argv is not None else sys.argv[1:]),
+    write_outputs(args.out, "clock_hold", rows, COLUMNS, MODULE, args, argv, {
         "copy_bandwidth_gbs": round(bw, 1), "matmul_tflops": round(tflops, 1), "idle_reading": before,
         "summary": s, "windows": len(rows)})
     return 0

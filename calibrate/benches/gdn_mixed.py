@@ -19,21 +19,18 @@ decodes cost a mixed step's GDN layer in place of their decode kernel.
 """
 from __future__ import annotations
 
-import argparse
-import csv
-import os
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-from calibrate.device import provenance
+from calibrate.benches.outputs import bench_parser, write_outputs
 from calibrate.device.timing import copy_bandwidth_gbs, time_calls
 from calibrate.model.flashinfer_gdn import load_flashinfer_chunk
 from calibrate.model.shapes import LayerShapes
 from core.config import load_model
 from core.tables import GDN_MIXED_COLUMNS
+
+MODULE = "calibrate.benches.gdn_mixed"
 
 DECODES = (1, 4, 16, 64, 128, 256, 512, 1024)
 PREFILL_TOKENS = (256, 1024, 4096, 8192)
@@ -90,13 +87,10 @@ def check(chunk, s: LayerShapes, dev: torch.device) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m calibrate.benches.gdn_mixed", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
+    ap = bench_parser(MODULE, __doc__, budget_s=150.0)
     ap.add_argument("--model", default="qwen3.5-35b-a3b")
     ap.add_argument("--decodes", default=",".join(map(str, DECODES)))
     ap.add_argument("--prefill-tokens", default=",".join(map(str, PREFILL_TOKENS)))
-    ap.add_argument("--time-budget-s", type=float, default=150.0)
-    ap.add_argument("--git-commit", default=os.environ.get("GIT_COMMIT", "unknown"))
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     dev = torch.device("cuda")
@@ -134,16 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['pct_copy']}% of copy", flush=True)
             del steps, calls
             torch.cuda.empty_cache()
-    args.out.mkdir(parents=True, exist_ok=True)
-    tmp = args.out / "gdn_mixed.csv.tmp"
-    with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=GDN_MIXED_COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-    tmp.replace(args.out / "gdn_mixed.csv")
-    provenance.write(args.out / "gdn_mixed_provenance.json", {
-        **provenance.environment("cuda"), "git_commit": args.git_commit,
-        "command": "python3 -m calibrate.benches.gdn_mixed " + " ".join(argv if argv is not None else sys.argv[1:]),
+    write_outputs(args.out, "gdn_mixed", rows, GDN_MIXED_COLUMNS, MODULE, args, argv, {
         "copy_bandwidth_gbs": round(bw, 1), "check_max_diff": err, "skipped": skipped,
         "kernel": "flashinfer.gdn_prefill.chunk_gated_delta_rule via calibrate/model/flashinfer_gdn.py, fp32 states",
         "wall_s": round(time.monotonic() - t0, 1)})

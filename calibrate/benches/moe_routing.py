@@ -16,22 +16,19 @@ loaded expert's pairs, and their mean over touched experts.
 """
 from __future__ import annotations
 
-import argparse
-import csv
-import os
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-from calibrate.device import provenance
+from calibrate.benches.outputs import bench_parser, write_outputs
 from calibrate.device.timing import copy_bandwidth_gbs, time_calls
 from calibrate.kernels import fused_moe as FM
 from calibrate.kernels.inputs import moe_inputs
 from calibrate.model.shapes import LayerShapes
 from calibrate.model.work import moe_work
 from core.config import load_model
+
+MODULE = "calibrate.benches.moe_routing"
 
 TOKENS = (1, 4, 16, 64, 128, 256, 512, 1024, 2048)
 ALPHAS = (0.0, 0.5, 1.0, 1.5, 2.0)
@@ -59,13 +56,10 @@ def routing_stats(x: torch.Tensor, router_w: torch.Tensor, top_k: int) -> tuple[
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m calibrate.benches.moe_routing", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
+    ap = bench_parser(MODULE, __doc__, budget_s=90.0)
     ap.add_argument("--model", default="qwen3.5-35b-a3b")
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--alphas", default=",".join(map(str, ALPHAS)))
-    ap.add_argument("--time-budget-s", type=float, default=90.0)
-    ap.add_argument("--git-commit", default=os.environ.get("GIT_COMMIT", "unknown"))
     args = ap.parse_args(argv)
     dev = torch.device("cuda")
     t0 = time.monotonic()
@@ -108,18 +102,9 @@ def main(argv: list[str] | None = None) -> int:
             r = rows[-1]
             print(f"[{time.monotonic() - t0:6.1f}s] T={t} alpha={a}: {r['us']} us, {r['distinct_experts']} experts, "
                   f"max {r['max_pairs']} pairs, x{r['us_over_uniform']} of uniform", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    tmp = args.out / "moe_routing.csv.tmp"
-    with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-    tmp.replace(args.out / "moe_routing.csv")
-    prov = {**provenance.environment("cuda"), "git_commit": args.git_commit, "command": "python3 -m calibrate.benches.moe_routing "
-            + " ".join(argv if argv is not None else sys.argv[1:]), "copy_bandwidth_gbs": round(bw, 1),
-            "kernel": "calibrate.kernels.fused_moe.fused_moe, default configs", "skipped": skipped,
-            "wall_s": round(time.monotonic() - t0, 1)}
-    provenance.write(args.out / "moe_routing_provenance.json", prov)
+    write_outputs(args.out, "moe_routing", rows, COLUMNS, MODULE, args, argv, {
+        "copy_bandwidth_gbs": round(bw, 1), "kernel": "calibrate.kernels.fused_moe.fused_moe, default configs",
+        "skipped": skipped, "wall_s": round(time.monotonic() - t0, 1)})
     return 0
 
 

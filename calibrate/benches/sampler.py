@@ -19,21 +19,19 @@ tokens lifted 4 to 12 above its maximum, as a trained model's few likely tokens)
 """
 from __future__ import annotations
 
-import argparse
-import csv
 import hashlib
-import os
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from calibrate.benches.outputs import bench_parser, write_outputs
 from calibrate.benches.profile_peak import apply_top_k_top_p as torch_top_k_top_p, check_sampler
-from calibrate.device import provenance
 from calibrate.device.timing import Timing, copy_bandwidth_gbs, time_calls
 from core.config import load_model
 from core.tables import SAMPLER_COLUMNS
+
+MODULE = "calibrate.benches.sampler"
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 4096)
 DISTS = ("gaussian", "peaked")
@@ -119,13 +117,10 @@ def _timed(fn, srcs: list[torch.Tensor], mode: str, device: torch.device) -> Tim
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m calibrate.benches.sampler", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
+    ap = bench_parser(MODULE, __doc__, budget_s=150.0)
     ap.add_argument("--models", default="qwen3.5-35b-a3b,qwen3-next-80b-a3b",
                     help="models whose vocabularies to time (one table row set per distinct vocabulary)")
     ap.add_argument("--rows", default=",".join(map(str, ROWS)))
-    ap.add_argument("--time-budget-s", type=float, default=150.0)
-    ap.add_argument("--git-commit", default=os.environ.get("GIT_COMMIT", "unknown"))
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     dev = torch.device("cuda")
@@ -168,21 +163,12 @@ def main(argv: list[str] | None = None) -> int:
                           f"{r['greedy_us']} us, sampled {r['sampled_us']} us (+{r['extra_us']})", flush=True)
                 del srcs
                 torch.cuda.empty_cache()
-    args.out.mkdir(parents=True, exist_ok=True)
-    tmp = args.out / "sampler.csv.tmp"
-    with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=SAMPLER_COLUMNS)
-        w.writeheader()
-        w.writerows(out_rows)
-    tmp.replace(args.out / "sampler.csv")
-    prov = {**provenance.environment("cuda"), "git_commit": args.git_commit,
-            "command": "python3 -m calibrate.benches.sampler " + " ".join(argv if argv is not None else sys.argv[1:]),
+    write_outputs(args.out, "sampler", out_rows, SAMPLER_COLUMNS, MODULE, args, argv, {
             "copy_bandwidth_gbs": round(bw, 1), "top_k": TOP_K, "top_p": TOP_P, "temperature": TEMPERATURE,
             "vllm_kernel": "vllm 0.17.1 v1/sample/ops/topk_topp_triton.py apply_top_k_top_p_triton",
             "vllm_kernel_sha256": hashlib.sha256(kernel_file.read_bytes()).hexdigest(),
             "sort_rule_check": checks, "float64_check_max_err": float64_err, "skipped": skipped,
-            "wall_s": round(time.monotonic() - t0, 1)}
-    provenance.write(args.out / "sampler_provenance.json", prov)
+            "wall_s": round(time.monotonic() - t0, 1)})
     return 0
 
 
