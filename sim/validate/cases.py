@@ -111,9 +111,12 @@ class Case(Strict):
         total = self.reported.get("total_input_tokens")
         return total / self.client.requests if total else 0.0  # 0: the smallest measured size
 
-    def run_config(self, source: str, overhead: dict[str, Any] | None = None) -> RunConfig:
+    def run_config(self, source: str, overhead: dict[str, Any] | None = None,
+                   overrides: dict[str, Any] | None = None) -> RunConfig:
         """The RunConfig that reproduces this case's server, client and data; `overhead`
-        (sim.validate.client.load_overhead) charges the API server's time outside the engine."""
+        (sim.validate.client.load_overhead) charges the API server's time outside the engine;
+        `overrides` (`specsim validate --set`, dotted RunConfig fields) replace the case's own
+        values after its `set`."""
         data: dict[str, Any] = {"model": self.model, "hardware": self.hardware, "num_requests": self.client.requests,
                                 "client": self._client_fields(source)}
         if overhead:
@@ -122,14 +125,11 @@ class Case(Strict):
             data["num_speculative_tokens"] = self.num_speculative_tokens
         data.update(self._workload_fields(source))
         for key, value in self.set.items():
-            node = data
-            *parents, leaf = key.split(".")
-            for p in parents:
-                node = node.setdefault(p, {})
-                if not isinstance(node, dict):
-                    raise ConfigError(f"{source}: set.{key}: {p!r} is not a section")
-            node[leaf] = value
-        return validate(RunConfig, data, f"{source}: set")
+            _set_dotted(data, key, value, f"{source}: set.{key}")
+        for key, value in (overrides or {}).items():
+            _set_dotted(data, key, value, f"--set {key}")
+        label = f"{source}: set" + "".join(f" + --set {key}" for key in overrides or {})
+        return validate(RunConfig, data, label)
 
     def _client_fields(self, source: str) -> dict[str, Any]:
         c = self.client
@@ -159,6 +159,16 @@ class Case(Strict):
                 raise ConfigError(f"{source}: dataset.{field}: {what}, allowed only with client.tool vllm-bench "
                                   "(guidellm's ShareGPT asks for each reply's length, counted with Qwen3.5's tokenizer)")
         return {"workload": "guidellm-sharegpt"}
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any, source: str) -> None:
+    node = data
+    *parents, leaf = key.split(".")
+    for p in parents:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{source}: {p!r} is not a section")
+    node[leaf] = value
 
 
 def _one_line(path: Path, err: ValidationError) -> str:

@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from core.config import REPO_ROOT, ConfigError
+from core.config import REPO_ROOT, ConfigError, RunConfig
+from core.config_load import parse_set
 from core.config_frontend import FrontendCosts
 from core.files import StagedOutput, atomic_write_text
 from sim.runs.run import simulate
@@ -48,11 +49,15 @@ def compare(case: Case, metrics: dict[str, float]) -> list[dict[str, Any]]:
     return rows
 
 
-def run_case(case: Case, source: Path, run_dir: Path, overhead: dict[str, Any] | None = None,
-             frontend: FrontendCosts | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    cfg = case.run_config(str(source), overhead)
+def case_config(case: Case, source: Path, overhead: dict[str, Any] | None = None,
+                frontend: FrontendCosts | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
+    cfg = case.run_config(str(source), overhead, overrides)
     if frontend is not None:
         cfg = cfg.model_copy(update={"client": cfg.client.model_copy(update={"frontend": frontend})})
+    return cfg
+
+
+def run_case(case: Case, cfg: RunConfig, run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     summary = simulate(cfg, run_dir)
     with (run_dir / "requests.csv").open(newline="") as f:
         metrics = simulated_metrics(case.client.tool, csv.DictReader(f), summary)
@@ -68,16 +73,21 @@ def _csv_text(rows: list[dict[str, Any]]) -> str:
 
 
 def validate_all(real: Path, out: Path, progress: bool = True, overhead_file: Path | None = OVERHEAD_FILE,
-                 frontend_file: Path | None = FRONTEND_FILE) -> dict[str, Any]:
+                 frontend_file: Path | None = FRONTEND_FILE, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """`overhead_file`: the API server's measured time outside the engine (sim.validate.client);
     None charges nothing there (the engine alone). `frontend_file`: its event loop's measured
-    costs (sim.engine.frontend); None leaves the loop out."""
+    costs (sim.engine.frontend); None leaves the loop out. `overrides`: dotted RunConfig fields
+    set in every case after its own `set` (a what-if; the report names them)."""
     cases = load_cases(real)  # every file checked before anything runs
     overhead = load_overhead(overhead_file) if overhead_file is not None else None
     frontend = load_frontend(frontend_file) if frontend_file is not None else None
+    # every case's configuration too, so that a bad --set stops the command before any run
+    configs = {case.name: case_config(case, path, overhead, frontend, overrides)
+               for path, case in cases if case.expressible}
     rows: list[dict[str, Any]] = []
     report: dict[str, Any] = {"real": str(real), "client_overhead": _overhead_facts(overhead),
-                              "frontend": _frontend_facts(frontend_file), "cases": {}, "not_expressible": {}}
+                              "frontend": _frontend_facts(frontend_file), "overrides": dict(overrides or {}),
+                              "cases": {}, "not_expressible": {}}
     with StagedOutput(out, OUT_FILES, folders=("runs", "figures")) as staged:
         for n, (path, case) in enumerate(cases, 1):
             if not case.expressible:
@@ -86,7 +96,7 @@ def validate_all(real: Path, out: Path, progress: bool = True, overhead_file: Pa
             if progress:
                 print(f"[{n}/{len(cases)}] {case.name}", file=sys.stderr, flush=True)
             run_dir = staged.path / "runs" / case.name
-            summary, case_rows = run_case(case, path, run_dir, overhead, frontend)
+            summary, case_rows = run_case(case, configs[case.name], run_dir)
             rows += case_rows
             report["cases"][case.name] = {
                 "file": str(path), "source": case.source.model_dump(), "client": case.client.tool,
@@ -148,13 +158,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frontend", type=_overhead_arg, default=FRONTEND_FILE, metavar="FILE",
                    help="the API server's event loop costs, as calibrate/frontend/cost.py measured them "
                         f"(default: the committed {FRONTEND_FILE.name}); 'none': the loop left out")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a RunConfig field by dotted key set in every case after its own `set`, e.g. "
+                        "engine.max_num_seqs=400: a what-if against the published runs, named in "
+                        "validation.json (repeatable)")
     p.add_argument("--json", action="store_true", help="print validation.json instead of the table")
     p.add_argument("--no-progress", action="store_true", help="no per-case progress lines on stderr")
 
 
 def main(args: argparse.Namespace) -> int:
+    overrides = dict(parse_set(item, "engine.max_num_seqs=400") for item in args.set)
     report = validate_all(args.real, args.out, progress=not args.no_progress, overhead_file=args.client_overhead,
-                          frontend_file=args.frontend)
+                          frontend_file=args.frontend, overrides=overrides)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -165,5 +180,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"  {metric:<26} real {m['real']:>12,.2f}  simulated {m['simulated']:>12,.2f}  ratio {ratio}")
     for name, why in report["not_expressible"].items():
         print(f"{name}: not expressible: {why['reason']}")
+    if overrides:
+        print("every case with " + ", ".join(f"--set {k}={v}" for k, v in overrides.items()))
     print(f"wrote {args.out}/validation.csv, validation.json, figures/validation.png/.pdf, runs/")
     return 0
