@@ -30,14 +30,27 @@ class Spy:
         return self.kernel[grid]
 
 
-@pytest.fixture
-def chain_spy(monkeypatch):
-    """Counts chain-kernel launches; the chain verify on, for chains of any length (chain_max: all positions)."""
+class ChainSpies:
+    """Launches of both chain kernels: the walk and its prefetching form for short chains."""
+
+    def __init__(self, monkeypatch):
+        self.walk, self.prefetch = Spy(treewy._chain_kernel), Spy(treewy._chain_prefetch_kernel)
+        monkeypatch.setattr(treewy, "_chain_kernel", self.walk)
+        monkeypatch.setattr(treewy, "_chain_prefetch_kernel", self.prefetch)
+
+    @property
+    def launches(self) -> int:
+        return self.walk.launches + self.prefetch.launches
+
+
+@pytest.fixture(params=[False, True], ids=["walk", "prefetch"])
+def chain_spy(request, monkeypatch):
+    """Counts chain-kernel launches; the chain verify on, for chains of any length (chain_max: all
+    positions), with and without the prefetching kernel for the short ones."""
     monkeypatch.setattr(treewy, "TUNING", dataclasses.replace(treewy.TUNING, chain=True, chain_max=treewy.MAX_POSITIONS,
-                                                               chain_pending_max=treewy.MAX_POSITIONS))
-    spy = Spy(treewy._chain_kernel)
-    monkeypatch.setattr(treewy, "_chain_kernel", spy)
-    return spy
+                                                               chain_pending_max=treewy.MAX_POSITIONS,
+                                                               chain_prefetch=request.param))
+    return ChainSpies(monkeypatch)
 
 
 def correlated(x: dict, seed: int, spread: float = 0.3) -> dict:
@@ -158,3 +171,37 @@ def test_default_tuning_walks_only_short_chains_with_a_pending_commit(chain_spy,
     o_ref, _ = R.recurrence(**{**y, "state": truth})
     o, _ = RD.verify(**{**y, "state": ds})  # 5 positions: the fused kernel, the pending path applied there
     assert chain_spy.launches == 1 and rel_err(o, o_ref) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_prefetch_kernel_runs_short_chains_only_and_equals_the_walk(monkeypatch, state_dtype):
+    """The prefetching kernel takes chains (and pending paths) of at most PREFETCH_MAX, with no cache
+    slots; its outputs, u, mask, path decays and written state equal the walk's exactly (the same
+    float32 operations in the same order), ragged lengths and a partial pending path included."""
+    x = correlated(random_inputs([chain(4), chain(3), chain(1)], hk=1, hv=2, dk=16, dv=16, seed=21, T=4), seed=2)
+    gen = torch.Generator().manual_seed(5)
+    pending = treewy.Pending.empty(3, 4, 2, 16, 1, 16, torch.float32, torch.device("cpu"))
+    pending.pn.copy_(torch.tensor([4, 2, 0], dtype=torch.int32))
+    pending.pu.copy_(0.1 * torch.randn(pending.pu.shape, generator=gen))
+    pending.pk.copy_(torch.nn.functional.normalize(torch.randn(pending.pk.shape, generator=gen), dim=-1))
+    pending.pg.copy_(-0.2 * torch.rand(pending.pg.shape, generator=gen))
+    lengths = torch.tensor([4, 3, 1], dtype=torch.int32)
+    outs = {}
+    for prefetch in (False, True):
+        spies = ChainSpies(monkeypatch)
+        monkeypatch.setattr(treewy, "TUNING", dataclasses.replace(treewy.TUNING, chain_prefetch=prefetch))
+        state = x["state"].to(state_dtype).clone()
+        pd = dataclasses.replace(pending, **{f: getattr(pending, f).clone() for f in ("pu", "pk", "pg", "pn")})
+        o, u, mask, gc = treewy.chain_pass(x["q"], x["k"], x["v"], x["g"], x["beta"], state, lengths, pending=pd)
+        assert (spies.prefetch.launches, spies.walk.launches) == ((1, 0) if prefetch else (0, 1))
+        outs[prefetch] = (o, u, mask[:, :4, :4], gc, state)
+    for a, b in zip(outs[False], outs[True]):
+        assert torch.equal(a, b)
+    # past PREFETCH_MAX positions, or a replay's cache slots: the walk
+    spies = ChainSpies(monkeypatch)
+    y = random_inputs([chain(treewy.PREFETCH_MAX + 1)], hk=1, hv=2, dk=16, dv=16, seed=22)
+    treewy.chain_pass(y["q"], y["k"], y["v"], y["g"], y["beta"], y["state"].clone(),
+                      torch.tensor([treewy.PREFETCH_MAX + 1], dtype=torch.int32))
+    treewy.chain_pass(x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"].clone(), lengths, out_start=1,
+                      cached=torch.tensor([1, 0, 1], dtype=torch.int32))
+    assert (spies.prefetch.launches, spies.walk.launches) == (0, 2)

@@ -254,14 +254,15 @@ def test_none_decode_in_place_real_shapes(dtype, tol, shape):
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["f32", "bf16"])
 @pytest.mark.parametrize("shape", [(32, 4), (8, 1)], ids=["bv32w4", "bv8w1"])
-def test_chain_verify_real_shapes(monkeypatch, dtype, tol, shape):
+@pytest.mark.parametrize("prefetch", [False, True], ids=["walk", "prefetch"])
+def test_chain_verify_real_shapes(monkeypatch, dtype, tol, shape, prefetch):
     """The recurrent chain verify at 35B-A3B heads: reconstruct (chains of 8, 5, 1; every accepted
     node) and reconstruct_deferred over three steps, state in `dtype`, inside a CUDA graph whose
-    chain lengths change between replays."""
+    chain lengths change between replays; the walk and its prefetching kernel."""
     from policies.kernels import treewy
     monkeypatch.setattr(treewy, "TUNING", dataclasses.replace(treewy.TUNING, chain=True, chain_max=8, chain_pending_max=8,
-                                                               chain_bv=shape[0],
-                                                               chain_warps=shape[1]))
+                                                               chain_bv=shape[0], chain_warps=shape[1],
+                                                               chain_prefetch=prefetch))
     x = on_gpu(random_inputs([chain(8), chain(5), [-1]], hk=16, hv=32, dk=128, dv=128, seed=7, dtype=torch.bfloat16))
     x["state"] = x["state"].to(dtype)
     o_ref, states = R.recurrence(**x)

@@ -19,6 +19,8 @@ Verify is two launches (one with `Tuning.prep` for T <= 16); commit one. `TUNING
                    update per node (run 1: 77% of copy bandwidth at B = 64, T = 4).
   `_chain_kernel`  (chains the caller declares, up to `Tuning.chain_max` / `chain_pending_max`) the verify in
                    recurrent form: the state tile in registers, float32 FMA, no solve (chain_kernel.py).
+                   `_chain_prefetch_kernel` (`Tuning.chain_prefetch`) the same walk for short chains, its
+                   loads all issued first.
   `_gather_path_kernel`  reconstruct_deferred's commit: the accepted path's weighted u and k
                    into the pending buffer; `_flush_kernel` writes a pending commit alone.
 Rows of the state are independent, so every state pass splits d_v across programs.
@@ -34,7 +36,7 @@ import torch
 import triton
 
 from policies.base import TREEWY_MAX_POSITIONS
-from policies.kernels.chain_kernel import _chain_kernel
+from policies.kernels.chain_kernel import _chain_kernel, _chain_prefetch_kernel
 from policies.kernels.commit_kernels import _commit_dot_kernel, _flush_kernel, _gather_path_kernel, _state_kernel
 from policies.kernels.fused_kernel import _fused_kernel
 from policies.kernels.tuning import Tuning
@@ -42,6 +44,7 @@ from policies.kernels.verify_kernels import _apply_kernel, _prep_kernel, _rows_k
 
 BC = 16  # positions per block: the smallest tl.dot tile
 MAX_POSITIONS = TREEWY_MAX_POSITIONS  # the ancestor mask is one [BT, BT] tile per tree
+PREFETCH_MAX = 8  # `_chain_prefetch_kernel` holds every position and pending node in registers: short chains only
 ROWS_UNROLL_MAX = 16  # `_rows_kernel` unrolls its rows for trees of at most this many positions
 
 # GDN_TUNING="verify=rows,rows_max=4,commit=loop" reproduces run 2's defaults.
@@ -188,6 +191,13 @@ def chain_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
     mask = torch.empty(B, padded(T), padded(T), dtype=torch.int8, device=v.device)
     gc = torch.empty(B, T, Hv, dtype=torch.float32, device=v.device)
     pd = pending or Pending(pu=u, pk=k, pg=gc, pn=lengths)  # placeholders: PENDING=False reads none
+    P = pd.pu.shape[1]
+    if t.chain_prefetch and cached is None and out_start == 0 and T <= PREFETCH_MAX and P <= PREFETCH_MAX:
+        _chain_prefetch_kernel[(B * Hv * (DV // BV),)](
+            q, k, v, g, beta, state, lengths, o, u, mask, gc, pd.pu, pd.pk, pd.pg, pd.pn, Hk, Hv, T=T, P=P,
+            TP=triton.next_power_of_2(T), PP=triton.next_power_of_2(P), DK=DK, DV=DV, BV=BV, BT=mask.shape[-1],
+            PENDING=pending is not None, num_warps=t.chain_warps)
+        return o, u, mask, gc
     _chain_kernel[(B * Hv * (DV // BV),)](q, k, v, g, beta, state, lengths, lengths if cached is None else cached, o, u,
                                           mask, gc, pd.pu, pd.pk, pd.pg, pd.pn, T, Hk, Hv, out_start, T - out_start,
                                           pd.pu.shape[1], DK=DK, DV=DV, BV=BV, BT=mask.shape[-1],

@@ -80,6 +80,9 @@ class Tuning:
     chain_pending_max: int = 4
     chain_bv: int = 8
     chain_warps: int = 1
+    # chain_prefetch: chains of at most treewy.PREFETCH_MAX positions (and pending nodes) without cache
+    # slots walk in `_chain_prefetch_kernel`, every load issued before the first store.
+    chain_prefetch: bool = False
     # sparse: the fused verify's block loop skips ancestor-mask blocks with no ancestor (in BFS order a
     # wide tree's leaves fill its last blocks, and a leaf is nobody's ancestor) and the in-block solve of
     # a block of leaves; the same outputs. Off by default: timed only at (3,3,3), B = 128, where it cut

@@ -58,6 +58,14 @@ VARIANTS: dict[str, Tuning] = {
     "chain-max16": Tuning(chain_max=16, chain_pending_max=16),
     "chain-max64": Tuning(chain_max=64, chain_pending_max=64),
     "pending-chain-max8": Tuning(chain_pending_max=8),
+    # The chain walk with every load issued before the first store (`_chain_prefetch_kernel`): for the
+    # deferred verify (the default's chains of up to 4 with a pending path), also for reconstruct's
+    # plain verify (max4), and its launch shape.
+    "chain-prefetch": Tuning(chain_prefetch=True),
+    "chain-prefetch-max4": Tuning(chain_prefetch=True, chain_max=4),
+    "chain-prefetch-bv16-w1": Tuning(chain_prefetch=True, chain_max=4, chain_bv=16),
+    "chain-prefetch-bv4-w1": Tuning(chain_prefetch=True, chain_max=4, chain_bv=4),
+    "chain-prefetch-bv32-w4": Tuning(chain_prefetch=True, chain_max=4, chain_bv=32, chain_warps=4),
     # The fused verify skipping the ancestor-mask blocks without ancestors (wide trees' leaves).
     "sparse": Tuning(sparse=True),
     "chain-sparse": Tuning(chain_max=8, chain_pending_max=8, sparse=True),
