@@ -52,3 +52,17 @@ def test_a_bad_set_stops_before_any_run_with_one_line(tmp_path, capsys, item, sa
     err = capsys.readouterr().err
     assert says in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not out.exists()  # nothing written, not even a partial folder
+
+
+def test_the_published_throughput_run_had_about_350_decoding_and_144_waiting():
+    """docs/validation.md#the-ttft-under-load-what-it-is-not-and-what-it-looks-like: from the published
+    means alone (Little's law), the run held far fewer than its 512 streams in decode."""
+    from tests.test_validate_real import REAL
+    from sim.validate.cases import load_case
+
+    rep = load_case(REAL / "gpustack-h200-qwen3.5-35b-a3b-throughput-bf16-baseline.yaml").reported
+    step_s = (rep["latency_mean_s"] - rep["ttft_mean_ms"] / 1e3) / 127
+    decoding = rep["request_throughput"] * 128 * step_s
+    waiting = rep["ttft_mean_ms"] / 1e3 * rep["request_throughput"]
+    assert round(step_s * 1e3) == 111 and 345 < decoding < 355 and round(waiting) == 144
+    assert decoding + waiting < 512
