@@ -210,9 +210,10 @@ def breakdown(docs: Path) -> str:
     rows = []
     for case, c in report["cases"].items():
         sim, pub = c["time_breakdown"]["simulated"], c["time_breakdown"]["published"]
-        ttft = sim["intake_and_queue_s"] + sim["prefill_s"]
+        ttft = sim["frontend_s"] + sim["engine_queue_s"] + sim["prefill_s"]
         rows.append({"case": _case(case), "client queue": f"{sim['client_queue_s']:.2f}",
-                     "intake + engine queue": f"{sim['intake_and_queue_s']:.2f}", "prefill": f"{sim['prefill_s']:.2f}",
+                     "API server": f"{sim['frontend_s']:.2f}", "engine queue": f"{sim['engine_queue_s']:.2f}",
+                     "prefill": f"{sim['prefill_s']:.2f}",
                      "TTFT: simulated / published": f"{ttft:.2f} / {pub['ttft_s']:.2f}" if "ttft_s" in pub else "",
                      "decode: simulated / published": (f"{sim['decode_s']:.2f} / {pub['decode_s']:.2f}"
                                                        if "decode_s" in pub else "")})

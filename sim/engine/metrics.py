@@ -178,7 +178,7 @@ def request_rows(requests: Sequence[Request]) -> list[dict[str, Any]]:
         rows.append({
             "request_id": r.rid, "category": r.category, "prompt_tokens": r.prompt, "output_tokens": r.output,
             "status": r.status.value, "reject_reason": r.reject_reason,
-            "arrival_s": r.arrival_s, "send_s": r.send_s, "first_scheduled_s": r.first_scheduled_s,
+            "arrival_s": r.arrival_s, "send_s": r.send_s, "engine_s": r.engine_s, "first_scheduled_s": r.first_scheduled_s,
             "first_token_s": r.first_token_s, "finish_s": r.finish_s,
             "client_queue_s": (r.send_s - r.arrival_s) if r.send_s is not None else None,
             "waiting_s": r.waiting_s, "waited_for_memory": r.waited_for_memory, "preemptions": r.preemptions,

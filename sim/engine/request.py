@@ -34,8 +34,8 @@ class Request:
 
     __slots__ = (
         "spec", "rid", "prompt", "output", "category",
-        "arrival_s", "send_s", "status", "reject_reason",
-        "computed", "generated", "units", "units_tokens", "has_draft", "inflight",
+        "arrival_s", "send_s", "engine_s", "status", "reject_reason",
+        "computed", "generated", "units", "units_tokens", "state_end", "bound_end", "has_draft", "inflight",
         "preemptions", "enqueued_s", "waiting_s", "waited_for_memory", "memory_epoch",
         "first_scheduled_s", "first_token_s", "finish_s", "token_times",
         "spec_steps", "spec_tokens", "acceptance", "commit_state", "group",
@@ -49,12 +49,17 @@ class Request:
         self.category = spec.category
         self.arrival_s = arrival_s  # when the client had it ready (before its concurrency limit)
         self.send_s: float | None = None  # when the client sent it: the request clock starts here
+        self.engine_s: float | None = None  # when it reached the engine's waiting queue (after the API server)
         self.status = Status.PENDING
         self.reject_reason = ""
         self.computed = 0  # tokens in the KV cache / folded into the GDN state
         self.generated = 0  # output tokens emitted
         self.units = 0  # pool units held (blocks, or bytes for the ideal allocator)
         self.units_tokens = -1  # the most tokens those units hold (Pool.tokens_held); -1: none held
+        # Align mode (sim.engine.pool.BoundaryRule): the end of the block its state is in, and of the
+        # old state's block it still holds besides (-1: none; not in `units`)
+        self.state_end = 0
+        self.bound_end = -1
         self.has_draft = False  # the drafter ran after this request's last sample
         self.inflight = 0  # tokens scheduled in steps whose outputs are not processed yet (async scheduling)
         self.preemptions = 0

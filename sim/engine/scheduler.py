@@ -91,7 +91,7 @@ class Scheduler:
 
     def add(self, req: Request, now: float) -> None:
         req.status = Status.WAITING
-        req.enqueued_s = now
+        req.engine_s = req.enqueued_s = now
         req.memory_epoch = self.memory_blocked_steps
         self.waiting.append(req)
 
