@@ -96,11 +96,14 @@ class CommitPolicy:
         """vLLM's num_speculative_blocks: extra state blocks per GDN group at admission."""
         return 0
 
-    def state_blocks_per_group(self, align: bool = False) -> int:
+    def state_blocks_per_group(self) -> int:
         """State blocks a request holds in each GDN group (each block holds one state page per layer
-        of the group): 1 + the speculative ones, and in vLLM's mamba cache mode "align" (prefix
-        caching on) one more for the block-aligned state. The one block count this project reports."""
-        return (2 if align else 1) + self.spec_blocks_per_group()
+        of the group): 1 + the speculative ones. In vLLM's mamba cache mode "align" (prefix caching
+        on) it holds one more from the step that takes it past a block boundary until its next
+        schedule frees the old state (`MambaManager.allocate_new_blocks`, `remove_skipped_blocks`,
+        vllm/v1/core/single_type_kv_cache_manager.py), which vLLM's memory check and concurrency
+        report count as always held (`MambaSpec.max_memory_usage_bytes`): BlockLayout keeps both."""
+        return 1 + self.spec_blocks_per_group()
 
     def spec_state_bytes_per_seq(self) -> int:
         """All full GDN states the policy keeps per running sequence (all GDN layers)."""

@@ -319,3 +319,26 @@ def test_running_requests_never_exceed_max_num_seqs(engine):
     assert max(running) == 4 and s["completed"] == 9
     first_end = min(r.finish_s for r in res.requests if r.rid < 4)
     assert all(r.first_scheduled_s >= first_end for r in res.requests if r.rid >= 4)
+
+
+# ------------------------------------------------------------------ align mode's boundary block
+def test_boundary_crossing_takes_a_state_block_per_gdn_group_for_one_step():
+    """Prefix caching on (align), async, no speculation: each request holds one attention block and
+    a state block per GDN group (3 groups). Two requests B - 2 tokens long fill 8 of 10 blocks.
+    The planning of step 3 takes request 0 past its block (computed B - 1 with the step in flight,
+    + 1): vLLM's MambaManager takes a block per GDN group for the new state besides the next
+    attention block, 4 with 2 free, so the newest request is preempted; at request 0's next
+    schedule (step 4) `remove_skipped_blocks` frees the 3 old states, which readmit request 1
+    (4 blocks, 1 left); its own crossing at step 5 (recomputed B - 1 tokens + 1) then preempts itself."""
+    _, _, layout, _ = setup(mtp_depth=0, engine=CURRENT)
+    b = layout.attn_block_tokens
+    assert (layout.state_blocks, layout.boundary_blocks) == (3, 3)
+    res, s = scenario(specs((b - 2, 6), (b - 2, 6)), policy="none", mtp_depth=0, engine=CURRENT,
+                      num_blocks=2 * 4 + 2 + 1)  # + vLLM's null block
+    events = [(round(t / DT), kind, rid) for t, kind, rid in res.steps.events]
+    assert events == [(0, "admit", 0), (0, "admit", 1), (3, "preempt", 1), (4, "admit", 1), (5, "preempt", 1),
+                      (6, "finish", 0), (6, "admit", 1), (10, "finish", 1)]
+    # free blocks after each step's planning: 8 held, then request 0's 2 + 3 + 3 old (2 free), then
+    # its old states back and request 1 readmitted (1 free)
+    assert list(res.steps.free)[:5] == [2, 2, 2, 2, 1]
+    assert s["preemptions"] == 2 and all(r.generated == r.output for r in res.requests)

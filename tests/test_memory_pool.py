@@ -63,14 +63,20 @@ def test_page_padding_matches_the_real_log():
     assert f"{lay.mamba_page_padding_pct:.2f}" == "1.49"
 
 
-@pytest.mark.parametrize("policy,none_blocks,align_blocks", [
-    ("store_all", 1 + 3, 2 + 3), ("reconstruct", 1, 2), ("replay", 1, 2)])
-def test_state_blocks_per_group_per_policy_and_mode(policy, none_blocks, align_blocks):
+@pytest.mark.parametrize("policy,blocks", [("store_all", 1 + 3), ("reconstruct", 1), ("replay", 1)])
+def test_state_blocks_per_group_per_policy_and_mode(policy, blocks):
+    """A request holds 1 + K state blocks per GDN group in either mode (vLLM's MambaManager: one for
+    the running state, K speculative); align mode's block for a crossed boundary only counts where
+    vLLM's memory check and concurrency report count it (max_memory_usage_bytes: 2 + K)."""
     _, off = layout(policy=policy, engine=NONE)
     _, on = layout(policy=policy, engine=ALIGN)
-    assert (off.state_blocks_per_group, on.state_blocks_per_group) == (none_blocks, align_blocks)
+    assert (off.state_blocks_per_group, on.state_blocks_per_group) == (blocks, blocks)
+    assert (off.boundary_blocks, on.boundary_blocks) == (0, 3)
     extra = 1 if policy == "replay" else 0  # replay's input cache fits one block
-    assert (off.state_blocks, on.state_blocks) == (3 * none_blocks + extra, 3 * align_blocks + extra)
+    assert off.state_blocks == on.state_blocks == 3 * blocks + extra
+    tokens = 32768
+    assert on.max_concurrency(tokens) == on.num_blocks / (on.attn_blocks(tokens) + 3 * (blocks + 1) + extra)
+    assert off.max_concurrency(tokens) == off.num_blocks / (off.attn_blocks(tokens) + 3 * blocks + extra)
 
 
 def test_no_speculation_keeps_one_state_block_whatever_the_policy():
@@ -91,7 +97,8 @@ def test_paged_pool_keeps_the_null_block_out_of_usage():
 def test_ideal_pool_counts_align_mode_state():
     m, lay = layout(pool=1 << 34)
     ideal = make_pool("ideal", m, make_policy(m, load_policy("store_all")), lay, 1 << 34)
-    assert ideal.state_units == 30 * 2_195_456 * (2 + 3)
+    assert ideal.state_units == 30 * 2_195_456 * (1 + 3)
+    assert ideal.boundary_units == 30 * 2_195_456
     assert ideal.token_bytes == 11 * 2048
 
 

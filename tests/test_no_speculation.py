@@ -30,8 +30,8 @@ def test_none_runs_without_drafts_or_draft_state():
     assert s["mean_step_time_by_term_s"]["drafter"] == 0.0
     assert s["tree"] == ""
     base = simulate(config(policy="store_all"))
-    # Prefix caching on (align): 2 state blocks per GDN group, store_all adds K = 3 per group.
-    assert (base["state_blocks_per_group"], s["state_blocks_per_group"]) == (5, 2)
+    # One state block per GDN group held (align mode's boundary block only for a step), store_all adds K = 3.
+    assert (base["state_blocks_per_group"], s["state_blocks_per_group"]) == (4, 1)
     # One token per decode step: every output token but the first costs a step of its own.
     assert s["num_steps"] > base["num_steps"]
 
@@ -61,14 +61,14 @@ def test_cli_flag_conflict_is_one_line_exit_2(capsys):
     assert len(err.splitlines()) == 1 and "policy none" in err
 
 
-@pytest.mark.parametrize("prefix_caching,blocks", [(True, 2), (False, 1)])
-def test_memory_pool_has_no_mtp_layer_and_one_state_block(prefix_caching, blocks):
+@pytest.mark.parametrize("prefix_caching,boundary", [(True, 1), (False, 0)])
+def test_memory_pool_has_no_mtp_layer_and_one_state_block(prefix_caching, boundary):
     engine = EngineConfig(enable_prefix_caching=prefix_caching)
     raw = load_model("qwen3.5-35b-a3b")
     model = served_model(speculating_model(raw, load_policy("none")), engine)
     assert model.mtp_depth == 0 and model.pool_attn_layers == raw.attn_layers
     layout = block_layout(model, make_policy(model, load_policy("none")), 40 << 30, engine)
-    assert layout.state_blocks_per_group == blocks
+    assert (layout.state_blocks_per_group, layout.boundary_blocks_per_group) == (1, boundary)
     assert model.gdn_page_bytes_per_gpu(0) < raw.gdn_page_bytes_per_gpu(raw.mtp_depth)  # no lookahead slots
 
 
@@ -76,8 +76,8 @@ def test_memory_cli_num_speculative_tokens_zero_is_none(capsys):
     assert cli(["memory", "--model", "qwen3.5-35b-a3b", "--hardware", "h200", "--num-speculative-tokens", "0",
                 "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
-    assert facts["policy"] == "none" and facts["state_blocks_per_group"] == 2
-    assert facts["num_speculative_tokens"] == 0 and facts["state_blocks_per_group"] == 2
+    assert facts["policy"] == "none" and facts["state_blocks_per_group"] == 1
+    assert facts["num_speculative_tokens"] == 0
     assert cli(["memory", "--model", "qwen3.5-35b-a3b", "--policy", "none", "--num-speculative-tokens", "2"]) == 2
 
 
@@ -118,5 +118,5 @@ def test_sweep_with_none_reports_whether_speculation_pays(tmp_path):
     import pandas as pd
     df = pd.read_csv(out / "points.csv")
     none = df[df["policy"] == "none"]
-    assert len(none) == 2 and set(none["state_blocks_per_group"]) == {2}
+    assert len(none) == 2 and set(none["state_blocks_per_group"]) == {1}
     assert none["tree"].isna().all()

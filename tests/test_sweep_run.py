@@ -156,8 +156,8 @@ def test_memory_bound_and_ratios(grid_file, tmp_path):
     expect = fake_simulate(RunConfig(model=m, policy="reconstruct", engine={"gmu": 0.6}, client={"max_concurrency": 64}))
     base = fake_simulate(RunConfig(model=m, policy="store_all", engine={"gmu": 0.6}, client={"max_concurrency": 64}))
     assert df.loc[(m, 0.6, 64, "reconstruct"), "ratio_ttft_p99_s"] == pytest.approx(expect["ttft_p99_s"] / base["ttft_p99_s"])
-    assert df.loc[(m, 0.6, 64, "reconstruct"), "state_blocks_per_group"] == 2
-    assert df.loc[(m, 0.6, 64, "store_all"), "state_blocks_per_group"] == 5
+    assert df.loc[(m, 0.6, 64, "reconstruct"), "state_blocks_per_group"] == 1
+    assert df.loc[(m, 0.6, 64, "store_all"), "state_blocks_per_group"] == 4
     # No baseline where the model does not fit: no class, no ratio.
     row = df.loc[("qwen3.5-397b-a17b", 0.6, 64, "replay")]
     assert row["status"] == "infeasible" and pd.isna(row["memory_bound"]) and pd.isna(row["ratio_e2e_mean_s"])

@@ -12,7 +12,8 @@ number's source):
 - the attention block is enlarged to a multiple of 16 tokens until its page holds a GDN
   page, and the GDN page is padded up to it; one block id costs page x group size;
 - a request holds ceil(tokens / block) blocks per attention group and, per GDN group,
-  1 + k state blocks (2 + k in mamba cache mode "align").
+  1 + k state blocks; in mamba cache mode "align" one more for a step after it crosses a
+  block boundary, which vLLM's startup check and concurrency report count as always held.
 """
 from __future__ import annotations
 
@@ -206,7 +207,10 @@ class BlockLayout:
     gdn_page_bytes: int  # one GDN layer's state for one sequence, before padding
     page_bytes: int  # one layer's page: the attention page, the GDN page padded up to it
     attn_block_tokens: int
-    state_blocks_per_group: int  # 1 + the policy's speculative blocks (+ 1 in align mode)
+    state_blocks_per_group: int  # held between block boundaries: 1 + the policy's speculative blocks
+    # Align mode: 1 more per GDN group from a block crossing to the request's next schedule; vLLM's
+    # memory check and "Maximum concurrency" count it as held throughout (MambaSpec.max_memory_usage_bytes).
+    boundary_blocks_per_group: int
     cache_blocks: int  # extra blocks for a policy's input cache (replay)
     num_blocks: int  # includes vLLM's null block, which no request ever holds
 
@@ -230,6 +234,11 @@ class BlockLayout:
         """Blocks a request takes at admission for its GDN state (all GDN groups)."""
         return self.gdn_groups * self.state_blocks_per_group + self.cache_blocks
 
+    @property
+    def boundary_blocks(self) -> int:
+        """Blocks a request holds besides, in align mode, once it crosses a block boundary (all GDN groups)."""
+        return self.gdn_groups * self.boundary_blocks_per_group
+
     def blocks_for(self, tokens: int) -> int:
         return self.attn_blocks(tokens) + self.state_blocks
 
@@ -239,8 +248,9 @@ class BlockLayout:
         return self.num_blocks // self.num_groups * self.attn_block_tokens
 
     def max_concurrency(self, max_model_len: int) -> float:
-        """vLLM's "Maximum concurrency for L tokens per request"."""
-        return self.num_blocks / self.blocks_for(max_model_len)
+        """vLLM's "Maximum concurrency for L tokens per request" (`get_max_concurrency_for_kv_cache_config`:
+        each group's `max_memory_usage_bytes`, the boundary block included)."""
+        return self.num_blocks / (self.blocks_for(max_model_len) + self.boundary_blocks)
 
 
 def block_layout(model: ModelConfig, policy: CommitPolicy, pool_bytes: int,
@@ -257,10 +267,10 @@ def block_layout(model: ModelConfig, policy: CommitPolicy, pool_bytes: int,
     page = tokens * per_token
     align = engine.resolved_mamba_cache_mode == "align"
     if model.mtp_depth > 0:
-        state_blocks = policy.state_blocks_per_group(align)
+        state_blocks = policy.state_blocks_per_group()
         cache = -(-policy.cache_bytes_per_seq_per_gpu() // (page * groups.group_size))
     else:  # no speculation: every policy keeps the one running state
-        state_blocks, cache = 2 if align else 1, 0
+        state_blocks, cache = 1, 0
     return BlockLayout(
         group_layers=groups.group_size,
         attn_groups=groups.attn_groups,
@@ -271,6 +281,7 @@ def block_layout(model: ModelConfig, policy: CommitPolicy, pool_bytes: int,
         page_bytes=page,
         attn_block_tokens=tokens,
         state_blocks_per_group=state_blocks,
+        boundary_blocks_per_group=1 if align else 0,
         cache_blocks=cache,
         num_blocks=pool_bytes // page // groups.group_size,
     )

@@ -19,6 +19,7 @@ tests/test_decode_group.py holds runs with the group to runs without it, output 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,7 +33,18 @@ DRAWS = 64  # acceptance counts read ahead per member at a time
 # leaving, reading acceptance counts ahead) is that of planning about this many requests one by
 # one; below, each is planned on its own (a decode run still takes every request into the group).
 KEEP = 96
-COUNTERS = ("computed", "generated", "output", "units", "held", "spec_steps", "spec_tokens", "joined", "ptr", "avail")
+COUNTERS = ("computed", "generated", "output", "units", "held", "state_end", "bound_end", "spec_steps", "spec_tokens",
+            "joined", "ptr", "avail")
+
+
+class Growth(NamedTuple):
+    """What the members ask of the pool at a planning: `need` units at most (the old states they
+    free left out), which members grow to how many units, and in align mode which free a crossed
+    boundary's old state (`release`) and which cross into a new state block (`cross`)."""
+    need: int
+    grow: list[tuple[int, int]]
+    release: np.ndarray | None
+    cross: np.ndarray | None
 
 
 class DecodeGroup:
@@ -45,6 +57,7 @@ class DecodeGroup:
         # which lets a member go once its tokens left reach `margin`: the next outputs, n tokens
         # at most, cannot end a member then.
         self.extra = (verify_positions if sync else 2 * verify_positions) + lookahead
+        self.lookahead = lookahead
         self.margin = verify_positions
         self.states = states
         self.reqs: list[Request] = []
@@ -58,8 +71,8 @@ class DecodeGroup:
         self.times: list[float] = []  # the end of every step the group ran since it was last empty
 
     def _bind(self) -> None:
-        (self.computed, self.generated, self.output, self.units, self.held, self.spec_steps, self.spec_tokens,
-         self.joined, self.ptr, self.avail) = self.table[:, :len(COUNTERS)].T
+        (self.computed, self.generated, self.output, self.units, self.held, self.state_end, self.bound_end,
+         self.spec_steps, self.spec_tokens, self.joined, self.ptr, self.avail) = self.table[:, :len(COUNTERS)].T
         self.draws = self.table[:, len(COUNTERS):]
 
     # ------------------------------------------------------------------ membership
@@ -69,8 +82,8 @@ class DecodeGroup:
             return
         step = len(self.times)
         new = np.zeros((len(reqs), self.table.shape[1]), np.int64)
-        new[:, :len(COUNTERS)] = [(r.computed, r.generated, r.output, r.units, r.units_tokens, r.spec_steps,
-                                   r.spec_tokens, step, 0, 0) for r in reqs]
+        new[:, :len(COUNTERS)] = [(r.computed, r.generated, r.output, r.units, r.units_tokens, r.state_end, r.bound_end,
+                                   r.spec_steps, r.spec_tokens, step, 0, 0) for r in reqs]
         self.table = np.concatenate((self.table, new))
         self._bind()
         if self.states is not None:
@@ -88,10 +101,11 @@ class DecodeGroup:
         keep = np.ones(self.size, bool)
         keep[which] = False
         out = []
-        for i, (computed, generated, _, units, held, spec_steps, spec_tokens, joined, ptr, _) in zip(
+        for i, (computed, generated, _, units, held, state_end, bound_end, spec_steps, spec_tokens, joined, ptr, _) in zip(
                 which.tolist(), self.table[which, :len(COUNTERS)].tolist()):
             r = self.reqs[i]
             r.computed, r.generated, r.units, r.units_tokens = computed, generated, units, held
+            r.state_end, r.bound_end = state_end, bound_end
             r.spec_steps, r.spec_tokens = spec_steps, spec_tokens
             r.token_times.extend(self.times[joined:])
             if self.spec:
@@ -140,6 +154,8 @@ class DecodeGroup:
             total = computed + most + lookahead
             if total > r.units_tokens:
                 worst += pool.units_for(total) - r.units
+            if pool.boundary is not None and computed + most > r.state_end:
+                worst += pool.boundary_units
         return upto <= max_tokens and worst <= pool.free
 
     def near_their_end(self) -> np.ndarray:
@@ -147,15 +163,35 @@ class DecodeGroup:
         return (self.output - self.generated <= self.margin).nonzero()[0]
 
     # ------------------------------------------------------------------ one step
-    def growth(self, pool: Pool) -> tuple[int, list[tuple[int, int]]]:
-        """The units the members ask for at this planning (their planned totals past what their
-        blocks hold), and which grow to how many units."""
+    def growth(self, pool: Pool) -> Growth:
+        """What the members ask of the pool at this planning: their planned totals past what their
+        blocks hold, and in align mode (sim.engine.pool.BoundaryRule) their states' block crossings,
+        with vLLM's num_computed_tokens at the planning (the lookahead and this step's n short of
+        the planned total)."""
         planned = self.computed + self.extra
         grow = [(i, pool.units_for(int(planned[i]))) for i in (planned > self.held).nonzero()[0].tolist()]
-        return sum(units - int(self.units[i]) for i, units in grow), grow
+        need = sum(units - int(self.units[i]) for i, units in grow)
+        rule = pool.boundary
+        if rule is None:
+            return Growth(need, grow, None, None)
+        computed = planned - self.lookahead - self.n
+        holding = self.bound_end >= 0
+        release = holding & (computed - rule.spec > self.bound_end)
+        cross = computed + self.n > self.state_end
+        return Growth(need + rule.units * int((cross & ~(holding & ~release)).sum()), grow, release, cross)
 
-    def grow(self, pool: Pool, grow: list[tuple[int, int]]) -> None:
-        for i, units in grow:
+    def grow(self, pool: Pool, growth: Growth) -> None:
+        """Apply a planning's growth: old states freed first, then the blocks taken."""
+        rule = pool.boundary
+        if rule is not None:
+            pool.give(rule.units * int(growth.release.sum()))
+            self.bound_end[growth.release] = -1
+            cross = growth.cross
+            pool.take(rule.units * int((cross & (self.bound_end < 0)).sum()))
+            self.bound_end[cross] = self.state_end[cross]
+            main = self.computed[cross] + self.extra - self.lookahead
+            self.state_end[cross] = -(-main // rule.block) * rule.block
+        for i, units in growth.grow:
             pool.take(units - int(self.units[i]))
             self.units[i] = units
             self.held[i] = pool.tokens_held(units)

@@ -24,6 +24,7 @@ decoding request, over arrays:
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -31,6 +32,18 @@ from sim.engine.metrics import StepLog
 from sim.engine.scheduler import Scheduler
 from sim.engine.step_plan import StepPlan
 from sim.engine.step_prices import RunPrices, StepPrices
+
+
+class Allocations(NamedTuple):
+    """A run's pool traffic per planning: units asked for (`needs`) and freed (`releases`, align
+    mode's old states), then who grows when, (planning, member, units after, tokens those hold),
+    and whose align-mode state moves when, (planning, member, state_end, bound_end), each in
+    order per member."""
+    needs: np.ndarray
+    releases: np.ndarray
+    grows: list[tuple[int, int, int, int]]
+    bounds: list[tuple[int, int, int, int]]
+
 
 CELLS = 1 << 16  # requests x steps looked ahead at most (the arrays' size)
 MIN_REQUEST_STEPS = 16  # a run is tried when its requests x sure steps reach this (setting it up costs about as much)
@@ -77,26 +90,32 @@ class DecodeRuns:
         contexts = np.empty((rows, steps + 1), np.int64)  # computed before each step, and after the last
         contexts[:, 0] = group.computed
         np.add(group.computed[:, None], done[:, :steps], out=contexts[:, 1:])
-        needs, grows = self._allocations(contexts, steps)
-        short = np.flatnonzero(np.cumsum(needs) > sched.pool.free)
+        alloc = self._allocations(contexts, steps)
+        # A planning's old states are freed at each member's turn, so only the earlier plannings'
+        # count for its own allocations (planned one by one, vLLM's order decides).
+        freed_before = np.concatenate(([0], np.cumsum(alloc.releases)[:-1]))
+        short = np.flatnonzero(np.cumsum(alloc.needs) - freed_before > sched.pool.free)
         if short.size:  # that planning would preempt: async, in step k, the loop's; sync, after step k
             steps = int(short[0]) + (1 if group.sync else 0)
             if steps == 0:
                 return None
-        return self._run(now, horizon, contexts, emitted, steps, needs, grows)
+        return self._run(now, horizon, contexts, emitted, steps, alloc)
 
-    def _allocations(self, contexts: np.ndarray, steps: int) -> tuple[np.ndarray, list[tuple[int, int, int, int]]]:
-        """The blocks each planning of the run asks for, and who grows when: (planning, member,
-        units after, tokens those hold), in order per member. Under async scheduling step k plans
-        the next while it runs (plannings 0..steps-1); under sync scheduling after its outputs,
-        but for the last step's (the loop plans it)."""
+    def _allocations(self, contexts: np.ndarray, steps: int) -> Allocations:
+        """The units each planning of the run asks for and frees, and who grows when. Under async
+        scheduling step k plans the next while it runs (plannings 0..steps-1); under sync
+        scheduling after its outputs, but for the last step's (the loop plans it)."""
         pool, group = self.scheduler.pool, self.group
         planned = (contexts[:, 1:steps] if group.sync else contexts[:, :steps]) + group.extra
         plannings = planned.shape[1]
         needs = np.zeros(plannings, np.int64)
+        releases = np.zeros(plannings, np.int64)
         grows: list[tuple[int, int, int, int]] = []
+        bounds: list[tuple[int, int, int, int]] = []
         if not plannings:
-            return needs, grows
+            return Allocations(needs, releases, grows, bounds)
+        if pool.boundary is not None:
+            self._boundaries(planned, needs, releases, bounds)
         for i in np.flatnonzero(planned[:, -1] > group.held).tolist():
             row = planned[i]
             units, tokens = int(group.units[i]), int(group.held[i])
@@ -107,10 +126,40 @@ class DecodeRuns:
                 units, tokens = more, pool.tokens_held(more)
                 grows.append((k, i, units, tokens))
                 k = int(np.searchsorted(row, tokens, side="right"))
-        return needs, grows
+        return Allocations(needs, releases, grows, bounds)
+
+    def _boundaries(self, planned: np.ndarray, needs: np.ndarray, releases: np.ndarray,
+                    bounds: list[tuple[int, int, int, int]]) -> None:
+        """Align mode (sim.engine.pool.BoundaryRule): at each planning a member's state may cross
+        into a new block (its tokens without lookahead past `state_end`: the pool's units taken,
+        `needs`) and an old state it holds may be freed (vLLM's num_computed_tokens, this step's n
+        short of those, past `bound_end`: `releases`), the release first. `bounds` gets (planning,
+        member, state_end, bound_end) after each such planning, in order per member."""
+        group, rule = self.group, self.scheduler.pool.boundary
+        plannings = planned.shape[1]
+        main = planned - group.lookahead
+        for i in np.flatnonzero((main[:, -1] > group.state_end) | (group.bound_end >= 0)).tolist():
+            row, state, bound = main[i], int(group.state_end[i]), int(group.bound_end[i])
+            freeable = row - group.n - rule.spec  # num_computed_tokens less num_speculative_blocks
+            start = 0  # plannings before it are done with
+            while True:
+                at_release = start + int(np.searchsorted(freeable[start:], bound, side="right")) if bound >= 0 else plannings
+                at_cross = start + int(np.searchsorted(row[start:], state, side="right"))
+                k = min(at_release, at_cross)
+                if k >= plannings:
+                    break
+                if k == at_release:
+                    releases[k] += rule.units
+                    bound = -1
+                if k == at_cross:
+                    if bound < 0:
+                        needs[k] += rule.units
+                    bound, state = state, rule.end(int(row[k]))
+                bounds.append((k, i, state, bound))
+                start = k + 1
 
     def _run(self, now: float, horizon: float, contexts: np.ndarray, emitted: np.ndarray, steps: int,
-             needs: np.ndarray, grows: list[tuple[int, int, int, int]]) -> float | None:
+             alloc: Allocations) -> float | None:
         """Price the steps, a stretch at a time, until one would end at or after `horizon`; log
         them and update the group, the pool and the policy's states for the steps taken."""
         group, log, pool = self.group, self.log, self.scheduler.pool
@@ -145,13 +194,21 @@ class DecodeRuns:
             return None
         log.price_rows.frombytes(prices.rows(taken).tobytes())
         # The pool's free units logged with each step: after the plannings before it.
-        log.free.frombytes((pool.free - np.concatenate(([0], np.cumsum(needs[:taken - 1])))).tobytes())
+        net = alloc.needs - alloc.releases
+        log.free.frombytes((pool.free - np.concatenate(([0], np.cumsum(net[:taken - 1])))).tobytes())
         log.request_steps += rows * taken
         plannings = taken if not group.sync else taken - 1
-        pool.take(int(needs[:plannings].sum()))
-        for k, i, units, held in grows:
+        change = int(net[:plannings].sum())  # the run frees what it took itself: its net only
+        if change >= 0:
+            pool.take(change)
+        else:
+            pool.give(-change)
+        for k, i, units, held in alloc.grows:
             if k < plannings:
                 group.units[i], group.held[i] = units, held
+        for k, i, state, bound in alloc.bounds:
+            if k < plannings:
+                group.state_end[i], group.bound_end[i] = state, bound
         grown = contexts[:, taken] - contexts[:, 0]
         group.computed += grown
         group.generated += grown

@@ -11,9 +11,8 @@ from sim.engine.vllm_version import CURRENT, kv_cache_size_tokens
 CONTEXT_32K = 32768  # tokens: the context docs/design.md's KV fact is stated at
 
 
-def memory_facts(model: ModelConfig, policy: CommitPolicy, align: bool = False) -> dict[str, Any]:
-    """Model-wide byte counts (all TP ranks together), as docs/design.md#the-commit-policies states them;
-    `align`: vLLM's mamba cache mode "align" (one more state block per GDN group)."""
+def memory_facts(model: ModelConfig, policy: CommitPolicy) -> dict[str, Any]:
+    """Model-wide byte counts (all TP ranks together), as docs/design.md#the-commit-policies states them."""
     return {
         "model": model.name,
         "policy": policy.name,
@@ -26,7 +25,7 @@ def memory_facts(model: ModelConfig, policy: CommitPolicy, align: bool = False) 
         "spec_state_bytes_per_seq": policy.spec_state_bytes_per_seq(),
         "kv_bytes_per_token": model.kv_bytes_per_token,
         "kv_bytes_per_seq_32k": model.kv_bytes_per_token * CONTEXT_32K,
-        "state_blocks_per_group": policy.state_blocks_per_group(align),
+        "state_blocks_per_group": policy.state_blocks_per_group(),
         "transient_bytes_per_step_per_seq": policy.transient_bytes_per_step_per_seq(),
         "cache_bytes_per_seq_per_gpu": policy.cache_bytes_per_seq_per_gpu(),
     }

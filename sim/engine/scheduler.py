@@ -39,7 +39,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from sim.engine.decode_group import KEEP, DecodeGroup
+from sim.engine.decode_group import KEEP, DecodeGroup, Growth
 from sim.engine.pool import Pool
 from sim.engine.request import Request, Status
 from sim.engine.step_plan import StepPlan
@@ -100,7 +100,7 @@ class Scheduler:
         """The next step. `in_flight`: the step planned before whose outputs are not processed yet
         (async scheduling); decode-group members that leave the group now go into it on their own."""
         plan = StepPlan()
-        grow = self._plan_group(plan, in_flight) if self.group is not None and self.group.size else None
+        growth = self._plan_group(plan, in_flight) if self.group is not None and self.group.size else None
         budget = self.max_tokens
         vp = self.verify_positions
         la = self.lookahead
@@ -110,6 +110,8 @@ class Scheduler:
         truncate = self.truncate_drafts
         align = self.align_tokens
         speculate = vp > 1
+        pool = self.pool
+        rule = pool.boundary
         # A preemption pops from the end of `running`: iterating it then stops before the popped ones.
         for req in running:
             if budget <= 0:
@@ -145,7 +147,13 @@ class Scheduler:
                     if n == 0:
                         continue  # align mode: no aligned chunk fits the budget left; later requests may
             total = computed + n + la
-            if total > req.units_tokens and not self._grow(req, total, plan, now):
+            cross = False
+            if rule is not None:  # align mode: vLLM's allocate_slots first frees a crossed boundary's old state
+                if req.bound_end >= 0 and rule.releases(computed, req.bound_end):
+                    pool.give(rule.units)
+                    req.bound_end = -1
+                cross = computed + n > req.state_end
+            if (total > req.units_tokens or cross) and not self._grow(req, total, plan, now, cross, computed + n):
                 break  # preempted itself: nobody after it runs either
             scheduled[req] = n
             if spec:
@@ -158,9 +166,9 @@ class Scheduler:
         if plan.preempted:
             self.memory_blocked_steps += 1  # nobody is admitted this step: memory was short
             return plan
-        waiting, pool = self.waiting, self.pool
-        if grow:
-            self.group.grow(pool, grow)
+        waiting = self.waiting
+        if growth is not None:
+            self.group.grow(pool, growth)
         while waiting and budget > 0 and len(running) < self.max_seqs:
             req = waiting[0]
             total = req.num_tokens  # a preempted request recomputes its outputs too
@@ -176,6 +184,8 @@ class Scheduler:
             pool.take(need)
             req.units = need
             req.units_tokens = pool.tokens_held(need)
+            if rule is not None:
+                req.state_end = rule.end(n)
             waiting.popleft()
             req.status = Status.RUNNING
             req.waiting_s += now - req.enqueued_s
@@ -192,22 +202,22 @@ class Scheduler:
             budget -= n
         return plan
 
-    def _plan_group(self, plan: StepPlan, in_flight: StepPlan | None) -> list[tuple[int, int]] | None:
+    def _plan_group(self, plan: StepPlan, in_flight: StepPlan | None) -> Growth | None:
         """The decode group's part of the step: members near their output length leave it first;
-        then either every member is planned in place (n tokens each) and the members that grow past
-        their blocks, with their units, are returned, or, where the budget or the pool could not
+        then either every member is planned in place (n tokens each) and what they ask of the pool
+        is returned (sim.engine.decode_group.Growth), or, where the budget or the pool could not
         serve them all in running order, every member leaves and the step is planned one by one."""
         group = self.group
         self._leave(group.near_their_end(), in_flight)
         if group.size < KEEP:  # too few to be worth the arrays: planned one by one (a decode run's group)
             self._leave(np.arange(group.size), in_flight)
             return None
-        need, grow = group.growth(self.pool)
-        if not group.fits(self.running, need, self.max_tokens, self.pool, self.lookahead):
+        growth = group.growth(self.pool)
+        if not group.fits(self.running, growth.need, self.max_tokens, self.pool, self.lookahead):
             self._leave(np.arange(group.size), in_flight)
             return None
         plan.group = True
-        return grow
+        return growth
 
     def _leave(self, which: np.ndarray, in_flight: StepPlan | None) -> None:
         """Members out of the group; in the step in flight (async) they are planned on their own."""
@@ -219,21 +229,29 @@ class Scheduler:
                 if n > 1:
                     in_flight.spec.add(req)
 
-    def _grow(self, req: Request, total: int, plan: StepPlan, now: float) -> bool:
-        """Give a running request the units for `total` tokens, preempting the newest running
-        requests while the pool is short; False if it preempted `req` itself."""
+    def _grow(self, req: Request, total: int, plan: StepPlan, now: float, cross: bool = False, main: int = 0) -> bool:
+        """Give a running request the units for `total` tokens, and where its state crosses a block
+        (`cross`, align mode; `main`: its tokens without lookahead) the new state's, preempting the
+        newest running requests while the pool is short; False if it preempted `req` itself."""
         pool = self.pool
-        need = pool.units_for(total) - req.units
-        while need > pool.free:
+        need = max(pool.units_for(total) - req.units, 0)
+        # A second crossing before the first's release (they are a block apart, the release within
+        # num_speculative_blocks tokens) would keep one old state: none is taken for it.
+        extra = pool.boundary_units if cross and req.bound_end < 0 else 0
+        while need + extra > pool.free:
             victim = self.running.pop()
             self._preempt(victim, now)
             plan.preempted.append(victim)
             if victim is req:
                 return False
-        if need > 0:
+        if need:
             pool.take(need)
             req.units += need
             req.units_tokens = pool.tokens_held(req.units)
+        if cross:
+            pool.take(extra)
+            req.bound_end = req.state_end
+            req.state_end = pool.boundary.end(main)
         return True
 
     def _chunk(self, req: Request, computed: int, n: int) -> int:
@@ -251,10 +269,13 @@ class Scheduler:
             return last - computed  # stop on the last boundary so its state is cached
         return n  # the tail after the last boundary
 
+    def _free(self, req: Request) -> None:
+        """All a request holds back to the pool: its blocks and a crossed boundary's old state."""
+        self.pool.give(req.units + (self.pool.boundary_units if req.bound_end >= 0 else 0))
+        req.units, req.units_tokens, req.state_end, req.bound_end = 0, -1, 0, -1
+
     def _preempt(self, req: Request, now: float) -> None:
-        self.pool.give(req.units)
-        req.units = 0
-        req.units_tokens = -1
+        self._free(req)
         req.computed = 0
         req.inflight = 0  # an in-flight step still delivers its sampled tokens; its KV is recomputed
         req.has_draft = False
@@ -377,5 +398,4 @@ class Scheduler:
         the waiting queue (vLLM's `stopped_preempted_reqs`)."""
         if req.status is Status.WAITING:
             self.waiting.remove(req)
-        self.pool.give(req.units)
-        req.units, req.units_tokens = 0, -1
+        self._free(req)

@@ -85,7 +85,7 @@ def main(args: argparse.Namespace) -> int:
     parse_version(args.vllm_version)  # a bad version fails before anything is computed
     served = serve(_run_config(args), with_hardware=args.hardware is not None)
     model, policy, engine = served.model, served.policy, served.cfg.engine
-    facts = memory_facts(model, policy, engine.resolved_mamba_cache_mode == "align")
+    facts = memory_facts(model, policy)
     lines: list[str] = []
     if args.hardware or args.kv_cache_memory_gib is not None:
         kv = int(args.kv_cache_memory_gib * GiB) if args.kv_cache_memory_gib is not None else None

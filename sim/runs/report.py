@@ -43,7 +43,7 @@ COLUMNS: dict[str, str] = {
     "<config path>": "the resolved RunConfig, one column per field, dotted (engine.gmu, client.max_concurrency, "
                      "policy_overrides.draft_tree_widths, ...)",
     "tree": "the policy's draft tree as widths per depth",
-    "state_blocks_per_group": "GDN state blocks a request holds in each GDN group (1 + the policy's speculative blocks, + 1 in mamba cache mode align)",
+    "state_blocks_per_group": "GDN state blocks a request holds in each GDN group (1 + the policy's speculative blocks; in mamba cache mode align 1 more for a step after each block boundary it crosses)",
     "<summary key>": "every key of the simulator's summary (summary.json of `specsim run`); nested ones dotted "
                      "(latency_terms.gdn, mean_step_time_by_term_s.moe)",
     "peak_kv_gib": "peak_kv_usage x pool_bytes: the most KV/state pool memory in use at once, GiB per GPU",
@@ -73,13 +73,12 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _policy_facts(config: dict[str, Any], cache: dict[str, tuple[str, int]]) -> tuple[str, int]:
-    """(tree as 'w1,w2,..', state blocks per GDN group) of a point's policy, in its engine's cache mode."""
-    align = RunConfig.model_validate(config).engine.resolved_mamba_cache_mode == "align"
-    sig = json.dumps([config["model"], config["policy"], config.get("policy_overrides", {}), align], sort_keys=True)
+    """(tree as 'w1,w2,..', state blocks per GDN group) of a point's policy."""
+    sig = json.dumps([config["model"], config["policy"], config.get("policy_overrides", {})], sort_keys=True)
     if sig not in cache:
         policy_cfg = load_policy(config["policy"], config.get("policy_overrides"))
         policy = make_policy(load_model(config["model"]), policy_cfg)
-        cache[sig] = (str(policy.tree), policy.state_blocks_per_group(align))  # the tree `none` ignores is empty
+        cache[sig] = (str(policy.tree), policy.state_blocks_per_group())  # the tree `none` ignores is empty
     return cache[sig]
 
 
