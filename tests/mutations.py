@@ -35,6 +35,18 @@ class Mutation:
 
 
 MUTATIONS = (
+    Mutation("preempt-oldest", "a short pool preempts the oldest running request, not vLLM's newest",
+             "            victim = self.running.pop()\n", "            victim = self.running.pop(0)\n",
+             ("tests/test_scheduler_vs_vllm.py",)),
+    Mutation("boundary-never-freed", "align mode's old state block for a crossed boundary is never given back",
+             "        return computed - self.spec > old_end", "        return False",
+             ("tests/test_engine_scenarios.py", "-k", "boundary")),
+    Mutation("boundary-not-taken", "a block crossing in align mode takes no block for the new state",
+             "        extra = pool.boundary_units if cross and req.bound_end < 0 else 0", "        extra = 0",
+             ("tests/test_engine_scenarios.py", "-k", "boundary")),
+    Mutation("breakdown-lumps-the-api-server", "the API server's time counted as engine queue",
+             '            sums["frontend_s"] += engine - send', '            sums["frontend_s"] += 0',
+             ("tests/test_validate_breakdown.py",)),
     Mutation("mixed-decodes-ignored", "a mixed step's decodes priced by their decode kernel, not vLLM's chunked path",
              "        if mixed is not None:  # vLLM's chunked path", "        if False:  # vLLM's chunked path",
              ("tests/test_gdn_mixed.py",)),

@@ -32,6 +32,7 @@ ALLOWED = {
     "calibrate.benches": {"calibrate.tables"},
     "calibrate.replay": {"calibrate.tables"},
     "calibrate.frontend": set(),
+    "calibrate.scheduler": set(),
     "calibrate.carry": set(),
 }
 # The engine's loop and its parts: reached from outside sim.engine only through its entry point,

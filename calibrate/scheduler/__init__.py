@@ -1,0 +1,1 @@
+"""vLLM's own scheduler against the simulator's (needs vLLM's Python code; see lockstep.py)."""
