@@ -229,7 +229,7 @@ class Scheduler:
                 if n > 1:
                     in_flight.spec.add(req)
 
-    def _grow(self, req: Request, total: int, plan: StepPlan, now: float, cross: bool = False, main: int = 0) -> bool:
+    def _grow(self, req: Request, total: int, plan: StepPlan, now: float, cross: bool, main: int) -> bool:
         """Give a running request the units for `total` tokens, and where its state crosses a block
         (`cross`, align mode; `main`: its tokens without lookahead) the new state's, preempting the
         newest running requests while the pool is short; False if it preempted `req` itself."""
